@@ -1,0 +1,41 @@
+# Quick start: `make demo` and `make test`. Both create .venv (Python 3.12) and install
+# everything a fresh machine needs (pinned Python packages, bubblewrap for the sandbox).
+SHELL := /bin/bash
+PYTHON312 ?= $(shell for p in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12 /usr/local/bin/python3.12 /usr/bin/python3.12; do \
+	if $$p -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1; then echo $$p; break; fi; done)
+VENV := .venv
+PY := $(VENV)/bin/python
+export JAX_PLATFORMS ?= cpu
+export TF_CPP_MIN_LOG_LEVEL ?= 3
+PYTEST_ARGS ?=
+
+.PHONY: venv demo test test-fast test-multidevice lint clean system-deps
+
+venv: $(VENV)/.installed system-deps
+
+$(VENV)/.installed: requirements.lock setup.py
+	@test -n "$(PYTHON312)" || { echo "error: python3.12 not found; install Python 3.12 (e.g. pyenv install 3.12)"; exit 1; }
+	$(PYTHON312) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.lock
+	$(PY) -m pip install -q --no-deps -e .
+	touch $@
+
+# bubblewrap isolates model-written code (c2jax/agent/sandbox.py refuses to run without it).
+system-deps:
+	@command -v bwrap >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null; \
+	  else echo "warning: bubblewrap missing; run: sudo apt-get install bubblewrap"; fi; }
+
+demo: venv
+	$(PY) -m c2jax demo --workdir runs/demo
+
+test: venv
+	$(PY) -m pytest -q tests --ignore=tests/multidevice $(PYTEST_ARGS)
+	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(PY) -m pytest -q tests/multidevice $(PYTEST_ARGS)
+
+lint: venv
+	$(VENV)/bin/ruff check c2jax pallas_kernels tests experiments configs
+
+clean:
+	rm -rf $(VENV) build *.egg-info
