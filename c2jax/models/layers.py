@@ -1,0 +1,129 @@
+"""Basic layers: linear with logical axes, RMSNorm, SwiGLU MLP, RoPE (default and YaRN).
+
+Letters: B batch, L length, D model width, F MLP width, H heads, R rotary dims.
+"""
+from __future__ import annotations
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+def dtype_of(name: str):
+    """Map a config dtype name to a jnp dtype."""
+    return DTYPES[name]
+
+
+class Linear(nn.Module):
+    """y = x @ W (+ b) with W of shape (in, out) annotated with logical axis names."""
+
+    features: int
+    axes: tuple[str | None, str | None]
+    use_bias: bool = False
+    dtype: jnp.dtype = jnp.float32
+    param_dtype: jnp.dtype = jnp.float32
+    init_std: float = 0.02
+
+    @nn.compact
+    def __call__(self, x):
+        kernel = self.param(
+            "kernel", nn.with_logical_partitioning(nn.initializers.normal(self.init_std), self.axes),
+            (x.shape[-1], self.features), self.param_dtype)
+        y = jnp.einsum("...d,df->...f", x.astype(self.dtype), kernel.astype(self.dtype))
+        if self.use_bias:
+            bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, self.axes[1:]),
+                              (self.features,), self.param_dtype)
+            y = y + bias.astype(self.dtype)
+        return y
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm in float32, weight applied after casting back (as in HF Llama-family models)."""
+
+    eps: float = 1e-6
+    axis_name: str | None = "embed"
+    param_dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x):
+        weight = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones, (self.axis_name,)),
+                            (x.shape[-1],), self.param_dtype)
+        x32 = x.astype(jnp.float32)
+        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return weight.astype(x.dtype) * y.astype(x.dtype)
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    width: int
+    dtype: jnp.dtype = jnp.float32
+    param_dtype: jnp.dtype = jnp.float32
+    init_std: float = 0.02
+
+    @nn.compact
+    def __call__(self, x_BLD):
+        kw = dict(dtype=self.dtype, param_dtype=self.param_dtype, init_std=self.init_std)
+        gate_BLF = Linear(self.width, ("embed", "mlp"), name="gate", **kw)(x_BLD)
+        up_BLF = Linear(self.width, ("embed", "mlp"), name="up", **kw)(x_BLD)
+        h_BLF = nn.with_logical_constraint(nn.silu(gate_BLF) * up_BLF, ("batch", "length", "mlp"))
+        return Linear(x_BLD.shape[-1], ("mlp", "embed"), name="down", **kw)(h_BLF)
+
+
+def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def rope_frequencies(dim: int, m) -> tuple[jnp.ndarray, float]:
+    """Inverse frequencies [dim/2] and the cos/sin attention factor for model config m."""
+    exponent = jnp.arange(0, dim, 2, dtype=jnp.float32) / dim
+    pos_freqs = m.rope_theta ** exponent
+    if m.rope_scaling == "none":
+        return 1.0 / pos_freqs, 1.0
+    factor = m.yarn_factor
+    if m.yarn_mscale and m.yarn_mscale_all_dim:
+        attention_factor = _yarn_mscale(factor, m.yarn_mscale) / _yarn_mscale(factor, m.yarn_mscale_all_dim)
+    else:
+        attention_factor = _yarn_mscale(factor)
+
+    def correction_dim(num_rotations):
+        return (dim * math.log(m.yarn_original_max_position / (num_rotations * 2 * math.pi))) / (
+            2 * math.log(m.rope_theta))
+
+    low = max(math.floor(correction_dim(m.yarn_beta_fast)), 0)
+    high = min(math.ceil(correction_dim(m.yarn_beta_slow)), dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = jnp.clip((jnp.arange(dim // 2, dtype=jnp.float32) - low) / (high - low), 0.0, 1.0)
+    extrapolation = 1.0 - ramp
+    inv_freq = (1.0 / (factor * pos_freqs)) * (1.0 - extrapolation) + (1.0 / pos_freqs) * extrapolation
+    return inv_freq, float(attention_factor)
+
+
+def softmax_scale(head_dim: int, m) -> float:
+    """1/sqrt(head_dim), times YaRN's mscale^2 when mscale_all_dim is set (DeepSeek MLA)."""
+    scale = head_dim ** -0.5
+    if m.rope_scaling == "yarn" and m.yarn_mscale_all_dim:
+        ms = _yarn_mscale(m.yarn_factor, m.yarn_mscale_all_dim)
+        scale = scale * ms * ms
+    return scale
+
+
+def apply_rope(x_BLHR, positions_BL, inv_freq, attention_factor: float, interleave: bool):
+    """Rotate the last dim of x by position. interleave=True rotates pairs (x0,x1),(x2,x3),...
+    and returns them de-interleaved (HF DeepSeek-V3 layout); otherwise rotate_half pairs."""
+    freqs_BLr = positions_BL.astype(jnp.float32)[..., None] * inv_freq
+    cos = (jnp.cos(freqs_BLr) * attention_factor)[:, :, None, :]
+    sin = (jnp.sin(freqs_BLr) * attention_factor)[:, :, None, :]
+    x = x_BLHR.astype(jnp.float32)
+    if interleave:
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+    else:
+        half = x.shape[-1] // 2
+        x1, x2 = x[..., :half], x[..., half:]
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x_BLHR.dtype)

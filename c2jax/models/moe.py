@@ -1,0 +1,212 @@
+"""Mixture of experts: routers (softmax / sigmoid with selection bias, group-limited), router
+replay (forced expert ids), two dispatch paths (dropless grouped and capacity), shared experts,
+auxiliary losses and the aux-loss-free bias update.
+
+Letters: T tokens (B*L), D model width, E experts, K experts per token, F expert MLP width,
+C capacity per expert, A assignments (T*K), X group count.
+"""
+from __future__ import annotations
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from c2jax.models.layers import MLP, dtype_of
+
+
+# ----------------------------------------------------------------------------- routing
+
+
+def select_experts(logits_TE, bias_E, m, forced_ids_TK=None):
+    """Route tokens. Returns (ids_TK, weights_TK, probs_TE, replaced_TK).
+
+    Selection uses scores (+ bias for the sigmoid router, + group limits); combine weights use
+    the unbiased scores of the chosen experts, optionally renormalized, times the routed scale.
+    With forced_ids (router replay) the forced experts are used, but their weights still come
+    from this router's scores, so the router gets gradients; a forced expert whose selection
+    score is below `replay_threshold` x this router's own k-th score is replaced by this
+    router's best pick not already chosen.
+    """
+    T, E = logits_TE.shape
+    K = m.num_experts_per_tok
+    logits_TE = logits_TE.astype(jnp.float32)
+    if m.router == "softmax":
+        scores_TE = jax.nn.softmax(logits_TE, axis=-1)
+        choice_TE = scores_TE
+    else:
+        scores_TE = jax.nn.sigmoid(logits_TE)
+        choice_TE = scores_TE + jax.lax.stop_gradient(bias_E.astype(jnp.float32)) if bias_E is not None else scores_TE
+    choice_TE = jax.lax.stop_gradient(choice_TE)
+    if m.n_group > 1:
+        grouped = choice_TE.reshape(T, m.n_group, E // m.n_group)
+        group_scores_TX = jnp.sum(jax.lax.top_k(grouped, 2)[0], axis=-1)
+        _, top_groups = jax.lax.top_k(group_scores_TX, m.topk_group)
+        keep_TX = jnp.zeros((T, m.n_group), bool).at[jnp.arange(T)[:, None], top_groups].set(True)
+        keep_TE = jnp.repeat(keep_TX, E // m.n_group, axis=1)
+        masked_TE = jnp.where(keep_TE, choice_TE, -jnp.inf)
+    else:
+        masked_TE = choice_TE
+    own_scores_TK, own_ids_TK = jax.lax.top_k(masked_TE, K)
+    replaced_TK = jnp.zeros((T, K), bool)
+    if forced_ids_TK is None:
+        ids_TK = own_ids_TK
+    else:
+        ids_TK = forced_ids_TK.astype(jnp.int32)
+        if m.replay_threshold > 0:
+            ids_TK, replaced_TK = _replace_implausible(ids_TK, own_ids_TK, own_scores_TK, masked_TE,
+                                                       m.replay_threshold)
+    weights_TK = jnp.take_along_axis(scores_TE, ids_TK, axis=-1)
+    if m.norm_topk_prob:
+        eps = 1e-20 if m.router == "sigmoid" else 0.0
+        weights_TK = weights_TK / (jnp.sum(weights_TK, axis=-1, keepdims=True) + eps)
+    weights_TK = weights_TK * m.routed_scaling_factor
+    return ids_TK, weights_TK, scores_TE, replaced_TK
+
+
+def _replace_implausible(forced_TK, own_TK, own_scores_TK, choice_TE, threshold):
+    forced_score_TK = jnp.take_along_axis(choice_TE, forced_TK, axis=-1)
+    kth_T1 = own_scores_TK[:, -1:]
+    implausible_TK = ~(forced_score_TK >= threshold * kth_T1)  # also catches -inf (masked group)
+    kept_TK = jnp.where(implausible_TK, -1, forced_TK)
+    own_taken_TK = jnp.any(own_TK[:, :, None] == kept_TK[:, None, :], axis=-1)
+    avail_TK = ~own_taken_TK
+    avail_rank_TK = jnp.cumsum(avail_TK, axis=-1) - 1
+    repl_rank_TK = jnp.cumsum(implausible_TK, axis=-1) - 1
+    match_TKK = avail_TK[:, None, :] & (avail_rank_TK[:, None, :] == repl_rank_TK[:, :, None])
+    repl_TK = jnp.sum(jnp.where(match_TKK, own_TK[:, None, :], 0), axis=-1)
+    return jnp.where(implausible_TK, repl_TK, forced_TK), implausible_TK
+
+
+def update_router_bias(bias_E, expert_load_E, rate: float):
+    """Aux-loss-free balancing step (DeepSeek-V3): raise the bias of under-loaded experts and
+    lower it for over-loaded ones by `rate`. A non-gradient update applied after each step."""
+    load = expert_load_E.astype(jnp.float32)
+    return bias_E + rate * jnp.sign(jnp.mean(load) - load)
+
+
+# ----------------------------------------------------------------------------- dispatch
+
+
+def _expert_ffn(x_MD, w_gate_EDF, w_up_EDF, w_down_EFD, group_sizes_E, gmm):
+    gate = gmm(x_MD, w_gate_EDF, group_sizes_E)
+    up = gmm(x_MD, w_up_EDF, group_sizes_E)
+    return gmm(nn.silu(gate) * up, w_down_EFD, group_sizes_E)
+
+
+def _ragged_gmm(quant: str):
+    if quant == "none":
+        def gmm(lhs, rhs, gs):
+            return jax.lax.ragged_dot(lhs, rhs, gs.astype(jnp.int32), preferred_element_type=jnp.float32
+                                      ).astype(lhs.dtype)
+        return gmm
+    import pallas_kernels  # the dispatcher picks the backend kernel
+
+    def qgmm(lhs, rhs, gs):
+        return pallas_kernels.gmm(lhs, rhs, gs.astype(jnp.int32), quant=quant).astype(lhs.dtype)
+    return qgmm
+
+
+def sort_assignments(ids_TK, num_experts):
+    """Order of the T*K assignments sorted by expert, inverse order, and group sizes."""
+    flat_A = ids_TK.reshape(-1)
+    order_A = jnp.argsort(flat_A, stable=True)
+    group_sizes_E = jnp.bincount(flat_A, length=num_experts).astype(jnp.int32)
+    return order_A, group_sizes_E
+
+
+def grouped_dispatch(x_TD, ids_TK, weights_TK, w_gate, w_up, w_down, quant="none", gmm=None):
+    """Dropless: sort assignments by expert, grouped matmuls, unsort, weighted sum over k."""
+    T, K = ids_TK.shape
+    E = w_gate.shape[0]
+    order_A, group_sizes_E = sort_assignments(ids_TK, E)
+    x_AD = x_TD[order_A // K]
+    y_AD = _expert_ffn(x_AD, w_gate, w_up, w_down, group_sizes_E, gmm or _ragged_gmm(quant))
+    y_TKD = jnp.zeros_like(y_AD).at[order_A].set(y_AD).reshape(T, K, -1)
+    out = jnp.einsum("tkd,tk->td", y_TKD.astype(jnp.float32), weights_TK.astype(jnp.float32))
+    return out.astype(x_TD.dtype), jnp.zeros((), jnp.float32)
+
+
+def capacity_dispatch(x_TD, ids_TK, weights_TK, w_gate, w_up, w_down, capacity_factor):
+    """Capacity-based: gather each expert's first C assignments into [E, C, D] by index, batched
+    einsum, gather back; assignments past capacity are dropped (their fraction is returned)."""
+    T, K = ids_TK.shape
+    E = w_gate.shape[0]
+    cap = max(1, int(math.ceil(capacity_factor * T * K / E)))
+    order_A, group_sizes_E = sort_assignments(ids_TK, E)
+    flat_A = ids_TK.reshape(-1)
+    starts_E = jnp.cumsum(group_sizes_E) - group_sizes_E
+    rank_sorted_A = jnp.arange(T * K, dtype=jnp.int32) - starts_E[flat_A[order_A]]
+    rank_A = jnp.zeros_like(rank_sorted_A).at[order_A].set(rank_sorted_A)
+    keep_A = rank_A < cap
+    slot_A = jnp.where(keep_A, flat_A * cap + rank_A, E * cap)
+    token_A = jnp.arange(T * K, dtype=jnp.int32) // K
+    buf = jnp.zeros((E * cap + 1, x_TD.shape[-1]), x_TD.dtype).at[slot_A].set(x_TD[token_A])
+    x_ECD = buf[: E * cap].reshape(E, cap, -1)
+    gate = jnp.einsum("ecd,edf->ecf", x_ECD, w_gate)
+    up = jnp.einsum("ecd,edf->ecf", x_ECD, w_up)
+    y_ECD = jnp.einsum("ecf,efd->ecd", nn.silu(gate) * up, w_down)
+    y_flat = jnp.concatenate([y_ECD.reshape(E * cap, -1), jnp.zeros((1, y_ECD.shape[-1]), y_ECD.dtype)])
+    y_TKD = (y_flat[slot_A] * keep_A[:, None]).reshape(T, K, -1)
+    out = jnp.einsum("tkd,tk->td", y_TKD.astype(jnp.float32), weights_TK.astype(jnp.float32))
+    dropped = 1.0 - jnp.mean(keep_A.astype(jnp.float32))
+    return out.astype(x_TD.dtype), dropped
+
+
+def resolve_dispatch(m) -> str:
+    """'auto' -> capacity on CPU (ragged_dot lowers to a dense masked product there), grouped elsewhere."""
+    if m.moe_dispatch != "auto":
+        return m.moe_dispatch
+    if m.quant != "none":
+        return "grouped"
+    return "capacity" if jax.default_backend() == "cpu" else "grouped"
+
+
+class MoE(nn.Module):
+    """Routed experts (+ shared experts). Returns (y_BLD, aux) with aux holding the chosen expert
+    ids, per-expert load, auxiliary losses and the dropped fraction."""
+
+    cfg: object
+
+    @nn.compact
+    def __call__(self, x_BLD, forced_ids_BLK=None):
+        m = self.cfg
+        dt, pdt = dtype_of(m.dtype), dtype_of(m.param_dtype)
+        B, L, D = x_BLD.shape
+        E, K, F = m.num_experts, m.num_experts_per_tok, m.moe_intermediate_size
+        init = nn.initializers.normal(m.init_std)
+        router_w = self.param("router", nn.with_logical_partitioning(init, ("embed", None)), (D, E), pdt)
+        bias = None
+        if m.router_bias:
+            bias = self.param("router_bias", nn.with_logical_partitioning(nn.initializers.zeros, (None,)),
+                              (E,), jnp.float32)
+        x_TD = x_BLD.reshape(B * L, D)
+        logits_TE = jnp.einsum("td,de->te", x_TD.astype(jnp.float32), router_w.astype(jnp.float32))
+        forced = None if forced_ids_BLK is None else forced_ids_BLK.reshape(B * L, K)
+        ids_TK, weights_TK, scores_TE, replaced_TK = select_experts(logits_TE, bias, m, forced)
+        axes = ("experts", "expert_embed", "expert_mlp")
+        w_gate = self.param("w_gate", nn.with_logical_partitioning(init, axes), (E, D, F), pdt).astype(dt)
+        w_up = self.param("w_up", nn.with_logical_partitioning(init, axes), (E, D, F), pdt).astype(dt)
+        w_down = self.param("w_down", nn.with_logical_partitioning(init, ("experts", "expert_mlp", "expert_embed")),
+                            (E, F, D), pdt).astype(dt)
+        x_TD = x_TD.astype(dt)
+        if resolve_dispatch(m) == "grouped":
+            y_TD, dropped = grouped_dispatch(x_TD, ids_TK, weights_TK, w_gate, w_up, w_down, m.quant)
+        else:
+            y_TD, dropped = capacity_dispatch(x_TD, ids_TK, weights_TK, w_gate, w_up, w_down, m.capacity_factor)
+        y_BLD = y_TD.reshape(B, L, D)
+        if m.num_shared_experts:
+            y_BLD = y_BLD + MLP(F * m.num_shared_experts, dt, pdt, m.init_std, name="shared")(x_BLD)
+        load_E = jnp.bincount(ids_TK.reshape(-1), length=E).astype(jnp.float32)
+        frac_E = load_E / (B * L * K)
+        probs_TE = scores_TE / jnp.sum(scores_TE, axis=-1, keepdims=True)
+        aux = {
+            "expert_ids": ids_TK.reshape(B, L, K).astype(jnp.int32),
+            "expert_load": load_E,
+            "load_balance_loss": E * jnp.sum(frac_E * jnp.mean(probs_TE, axis=0)),
+            "router_z_loss": jnp.mean(jax.nn.logsumexp(logits_TE, axis=-1) ** 2),
+            "dropped_fraction": dropped,
+            "replaced_fraction": jnp.mean(replaced_TK.astype(jnp.float32)),
+        }
+        return y_BLD.astype(x_BLD.dtype), aux

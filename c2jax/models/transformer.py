@@ -1,0 +1,267 @@
+"""The decoder: embeddings, dense then MoE layers (each stack scanned), final norm, output head,
+optional MTP heads; plus the functional API (init, forward, cache) the rest of c2jax uses.
+
+Letters: B batch, L length, S cache slots, D model width, V vocab, K experts per token,
+N MoE layers (stacked), Y any stacked layer count.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from c2jax.models.attention import GQAAttention, MLAAttention, init_layer_cache
+from c2jax.models.layers import MLP, Linear, RMSNorm, dtype_of
+from c2jax.models.moe import MoE
+
+
+def model_cfg(cfg):
+    """Accept either a full config (with .model) or a model config."""
+    return cfg.model if hasattr(cfg, "model") and not hasattr(cfg, "hidden_size") else cfg
+
+
+def layer_counts(m) -> tuple[int, int]:
+    """(dense layers, MoE layers); dense layers come first."""
+    if m.num_experts == 0:
+        return m.num_layers, 0
+    return m.first_k_dense, m.num_layers - m.first_k_dense
+
+
+class Block(nn.Module):
+    """Pre-norm decoder layer: attention then a dense MLP or an MoE."""
+
+    cfg: Any
+    moe: bool
+
+    @nn.compact
+    def __call__(self, x_BLD, positions_BL, segment_ids_BL, forced_ids_BLK=None, cache=None):
+        m = self.cfg
+        pdt = dtype_of(m.param_dtype)
+        attn_cls = MLAAttention if m.attention == "mla" else GQAAttention
+        h = RMSNorm(m.rms_norm_eps, "embed", pdt, name="attn_norm")(x_BLD)
+        a, new_cache = attn_cls(m, name="attn")(h, positions_BL, segment_ids_BL, cache)
+        x_BLD = nn.with_logical_constraint(x_BLD + a, ("batch", "length", "embed"))
+        h = RMSNorm(m.rms_norm_eps, "embed", pdt, name="mlp_norm")(x_BLD)
+        if self.moe:
+            y, aux = MoE(m, name="moe")(h, forced_ids_BLK)
+        else:
+            y, aux = MLP(m.intermediate_size, dtype_of(m.dtype), pdt, m.init_std, name="mlp")(h), {}
+        x_BLD = nn.with_logical_constraint(x_BLD + y, ("batch", "length", "embed"))
+        return x_BLD, aux, new_cache
+
+
+class ScanBody(nn.Module):
+    """One layer as a scan body: carry x, per-layer inputs (forced ids, cache)."""
+
+    cfg: Any
+    moe: bool
+
+    @nn.compact
+    def __call__(self, x_BLD, per_layer, positions_BL, segment_ids_BL):
+        forced, cache = per_layer
+        block = Block
+        if self.cfg.remat == "full":
+            block = nn.remat(Block, prevent_cse=False)
+        x_BLD, aux, new_cache = block(self.cfg, self.moe, name="block")(
+            x_BLD, positions_BL, segment_ids_BL, forced, cache)
+        return x_BLD, (aux, new_cache)
+
+
+def _stack(cfg, moe: bool, n: int, name: str):
+    return nn.scan(
+        ScanBody, variable_axes={"params": 0}, split_rngs={"params": True},
+        in_axes=(0, nn.broadcast, nn.broadcast), length=n,
+        metadata_params={nn.PARTITION_NAME: "layers"},
+    )(cfg, moe, name=name)
+
+
+class MTPHead(nn.Module):
+    """DeepSeek-V3 multi-token prediction module: combine the previous depth's hidden state
+    with the embedding of the token `depth` steps ahead, run one decoder layer."""
+
+    cfg: Any
+    moe: bool
+
+    @nn.compact
+    def __call__(self, h_BLD, next_emb_BLD, positions_BL, segment_ids_BL):
+        m = self.cfg
+        pdt = dtype_of(m.param_dtype)
+        hn = RMSNorm(m.rms_norm_eps, "embed", pdt, name="hnorm")(h_BLD)
+        en = RMSNorm(m.rms_norm_eps, "embed", pdt, name="enorm")(next_emb_BLD)
+        x = Linear(m.hidden_size, (None, "embed"), dtype=dtype_of(m.dtype), param_dtype=pdt,
+                   init_std=m.init_std, name="eh_proj")(jnp.concatenate([en, hn], axis=-1))
+        x, aux, _ = Block(m, self.moe, name="block")(x, positions_BL, segment_ids_BL)
+        return x, aux
+
+
+class Transformer(nn.Module):
+    """Decoder-only MoE transformer (Qwen3-MoE or DeepSeek-V3/Kimi layout by config)."""
+
+    cfg: Any
+
+    @nn.compact
+    def __call__(self, tokens_BL, positions_BL, segment_ids_BL, forced_ids_NBLK=None, cache=None):
+        m = self.cfg
+        dt, pdt = dtype_of(m.dtype), dtype_of(m.param_dtype)
+        embed = self.param("embed", nn.with_logical_partitioning(nn.initializers.normal(m.init_std),
+                                                                 ("vocab", "embed")),
+                           (m.vocab_size, m.hidden_size), pdt)
+        x = jnp.take(embed, tokens_BL, axis=0).astype(dt)
+        x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
+        n_dense, n_moe = layer_counts(m)
+        aux, new_cache = {}, {}
+        cache = cache or {}
+        if n_dense:
+            x, (_, c) = _stack(m, False, n_dense, "dense_layers")(
+                x, (None, cache.get("dense")), positions_BL, segment_ids_BL)
+            new_cache["dense"] = c
+        if n_moe:
+            x, (moe_aux, c) = _stack(m, True, n_moe, "moe_layers")(
+                x, (forced_ids_NBLK, cache.get("moe")), positions_BL, segment_ids_BL)
+            new_cache["moe"] = c
+            aux.update(moe_aux)
+        hidden_BLD = x
+        final_norm = RMSNorm(m.rms_norm_eps, "embed", pdt, name="final_norm")
+        head = None if m.tie_embeddings else Linear(m.vocab_size, ("embed", "vocab"), dtype=dt,
+                                                    param_dtype=pdt, init_std=m.init_std, name="lm_head")
+
+        def logits_of(h_BLD):
+            h = final_norm(h_BLD)
+            if head is None:
+                out = jnp.einsum("bld,vd->blv", h, embed.astype(dt), preferred_element_type=jnp.float32)
+            else:
+                out = head(h)
+            return nn.with_logical_constraint(out.astype(jnp.float32), ("batch", "length", "vocab"))
+
+        logits = logits_of(hidden_BLD)
+        if m.num_mtp_layers and cache is not None and not cache:
+            mtp_logits, h = [], hidden_BLD
+            for d in range(1, m.num_mtp_layers + 1):
+                ahead_BL = jnp.concatenate([tokens_BL[:, d:], jnp.zeros_like(tokens_BL[:, :d])], axis=1)
+                next_emb = jnp.take(embed, ahead_BL, axis=0).astype(dt)
+                h, _ = MTPHead(m, n_moe > 0, name=f"mtp_{d}")(h, next_emb, positions_BL, segment_ids_BL)
+                mtp_logits.append(logits_of(h))
+            aux["mtp_logits"] = jnp.stack(mtp_logits)
+        return logits, aux, (new_cache if cache else None)
+
+
+# ----------------------------------------------------------------------------- functional API
+
+
+class ForwardOutput(NamedTuple):
+    logits: jax.Array                 # float32 [B, L, V]
+    aux: dict                         # expert_ids [N, B, L, K], expert_load [N, E], losses, mtp_logits
+    cache: Any = None
+
+
+def _defaults(tokens_BL, positions_BL, segment_ids_BL):
+    B, L = tokens_BL.shape
+    if positions_BL is None:
+        positions_BL = jnp.broadcast_to(jnp.arange(L, dtype=jnp.int32), (B, L))
+    if segment_ids_BL is None:
+        segment_ids_BL = jnp.ones((B, L), jnp.int32)
+    return positions_BL.astype(jnp.int32), segment_ids_BL.astype(jnp.int32)
+
+
+def init_params(cfg, rng, with_logical_axes: bool = False):
+    """Random params (plain pytree). With with_logical_axes, also the logical PartitionSpec tree."""
+    m = model_cfg(cfg)
+    tokens = jnp.zeros((1, 8), jnp.int32)
+    pos, seg = _defaults(tokens, None, None)
+    boxed = Transformer(m).init(rng, tokens, pos, seg)["params"]
+    params = nn.meta.unbox(boxed)
+    if with_logical_axes:
+        return params, nn.get_partition_spec(boxed)
+    return params
+
+
+def logical_axes(cfg):
+    """The logical PartitionSpec tree of the params, without allocating them."""
+    m = model_cfg(cfg)
+    tokens = jnp.zeros((1, 8), jnp.int32)
+    pos, seg = _defaults(tokens, None, None)
+    boxed = jax.eval_shape(lambda r: Transformer(m).init(r, tokens, pos, seg)["params"], jax.random.key(0))
+    return nn.get_partition_spec(boxed)
+
+
+def abstract_params(cfg):
+    """ShapeDtypeStructs of the params (for AOT compiles and checkpoint restores)."""
+    m = model_cfg(cfg)
+    return jax.eval_shape(lambda r: init_params(m, r), jax.random.key(0))
+
+
+def forward(cfg, params, tokens_BL, positions_BL=None, segment_ids_BL=None, *,
+            forced_expert_ids=None, return_aux: bool = False):
+    """Logits float32 [B, L, V] for int32 tokens [B, L]; with return_aux a ForwardOutput.
+
+    forced_expert_ids: int [N_moe, B, L, K] replays recorded routing (router replay)."""
+    m = model_cfg(cfg)
+    tokens_BL = jnp.asarray(tokens_BL, jnp.int32)
+    positions_BL, segment_ids_BL = _defaults(tokens_BL, positions_BL, segment_ids_BL)
+    logits, aux, _ = Transformer(m).apply({"params": params}, tokens_BL, positions_BL, segment_ids_BL,
+                                          forced_expert_ids, cache={})
+    if return_aux:
+        return ForwardOutput(logits, aux)
+    return logits
+
+
+def init_cache(cfg, batch: int, max_len: int, dtype=None) -> dict:
+    """Empty stacked KV caches {"dense": ..., "moe": ...} for `batch` rows of `max_len` slots."""
+    m = model_cfg(cfg)
+    dtype = dtype or dtype_of(m.dtype)
+    n_dense, n_moe = layer_counts(m)
+    one = init_layer_cache(m, batch, max_len, dtype)
+    cache = {}
+    if n_dense:
+        cache["dense"] = jax.tree.map(lambda a: jnp.broadcast_to(a, (n_dense,) + a.shape), one)
+    if n_moe:
+        cache["moe"] = jax.tree.map(lambda a: jnp.broadcast_to(a, (n_moe,) + a.shape), one)
+    return cache
+
+
+def forward_with_cache(cfg, params, tokens_BL, positions_BL, cache, *, forced_expert_ids=None):
+    """Prefill or decode: write the tokens' keys at their positions, attend over the cache.
+    Returns ForwardOutput(logits, aux, new_cache). Rows may be at different positions."""
+    m = model_cfg(cfg)
+    tokens_BL = jnp.asarray(tokens_BL, jnp.int32)
+    positions_BL = jnp.asarray(positions_BL, jnp.int32)
+    seg = jnp.ones_like(tokens_BL)
+    logits, aux, new_cache = Transformer(m).apply({"params": params}, tokens_BL, positions_BL, seg,
+                                                  forced_expert_ids, cache=cache)
+    return ForwardOutput(logits, aux, new_cache)
+
+
+# ----------------------------------------------------------------------------- accounting
+
+
+def param_count(cfg) -> dict[str, int]:
+    """Total and active (per token) parameter counts; embeddings counted once."""
+    m = model_cfg(cfg)
+    shapes = abstract_params(m)
+    total = sum(x.size for x in jax.tree.leaves(shapes))
+    n_dense, n_moe = layer_counts(m)
+    inactive = 0
+    if n_moe:
+        expert = 3 * m.hidden_size * m.moe_intermediate_size
+        inactive = n_moe * (m.num_experts - m.num_experts_per_tok) * expert
+        inactive += m.num_mtp_layers * (m.num_experts - m.num_experts_per_tok) * expert
+    embed = m.vocab_size * m.hidden_size
+    return {"total": int(total), "active": int(total - inactive), "embedding": int(embed)}
+
+
+def flops_per_token(cfg, seq_len: int, training: bool = True) -> float:
+    """Matmul FLOPs per token (6N for training, 2N for inference, N = active non-embedding
+    params incl. the output head) plus causal attention score/value FLOPs."""
+    m = model_cfg(cfg)
+    counts = param_count(m)
+    n = counts["active"] - counts["embedding"] + (counts["embedding"] if m.tie_embeddings else 0)
+    if m.attention == "mla":
+        qk, v = m.qk_nope_head_dim + m.qk_rope_head_dim, m.v_head_dim
+    else:
+        qk = v = m.head_dim
+    attn = 2 * m.num_layers * m.num_heads * (qk + v) * seq_len / 2  # causal: half the keys on average
+    mult = 3 if training else 1
+    return float(mult * (2 * n + attn))
