@@ -105,25 +105,29 @@ def codebase_eval_arrays(cfg_data: Any, tokenizer, window: int, stride: int | No
     """All windows of the configured codebase, in the training batch format (N rows).
 
     Keys: inputs, targets, segment_ids (1 on real tokens, 0 on padding), positions (0..L-1),
-    loss_weights, plus num_scored (int) and files (list of names). cfg_data fields used:
-    codebase_package, codebase_root, codebase_glob, codebase_max_tokens, add_bos.
+    loss_weights, plus num_scored, num_tokens (ints) and files (list of names). Mean loss =
+    sum(loss_weights * nll) / num_scored. cfg_data fields used: codebase_package, codebase_root,
+    codebase_glob, codebase_max_tokens, codebase_stride (stride=None: that, or window // 2),
+    add_bos.
     """
     def get(k, d):
         v = cfg_data.get(k, d) if hasattr(cfg_data, "get") else getattr(cfg_data, k, d)
         return d if v is None else v
 
-    files = load_codebase(get("codebase_package", DEFAULT_PACKAGE), get("codebase_root", "") or None,
-                          get("codebase_glob", "**/*.py"))
+    package, root = get("codebase_package", DEFAULT_PACKAGE), get("codebase_root", "") or None
+    if not package and not root:
+        raise CodebaseError("set codebase_package (a stdlib package) or codebase_root (a repository)")
+    files = load_codebase(package, root, get("codebase_glob", "**/*.py"))
     tokens = tokenize_codebase(files, tokenizer, add_bos=bool(get("add_bos", False)),
                                max_tokens=int(get("codebase_max_tokens", 0)))
-    stride = stride or max(1, window // 2)
+    stride = stride or int(get("codebase_stride", 0)) or max(1, window // 2)
     inputs, targets, weights = rolling_windows(tokens, window, stride, tokenizer.pad_id)
     n = len(inputs)
     real = (np.arange(n)[:, None] * stride + np.arange(window)[None, :]) < len(tokens)
     return {
         "inputs": inputs, "targets": targets, "segment_ids": real.astype(np.int32),
         "positions": np.broadcast_to(np.arange(window, dtype=np.int32), (n, window)).copy(),
-        "loss_weights": weights, "num_scored": int(weights.sum()), "num_tokens": int(len(tokens)),
+        "loss_weights": weights, "num_scored": int(weights.sum()), "num_tokens": len(tokens),
         "files": [name for name, _ in files],
     }
 

@@ -178,7 +178,11 @@ def stdlib_dir() -> str:
 
 
 def _walk_files(root: str, pattern: str, exclude_dirs: Sequence[str] = ()) -> list[str]:
-    """Sorted relative paths under root matching a glob (`**/` = any depth)."""
+    """Sorted relative paths under root matching a glob (`**/` = any depth).
+
+    exclude_dirs: "a/b" skips that relative directory; a bare name "tests" skips every
+    directory of that name at any depth.
+    """
     out = []
     excl = tuple(e.rstrip("/") for e in exclude_dirs)
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
@@ -187,7 +191,7 @@ def _walk_files(root: str, pattern: str, exclude_dirs: Sequence[str] = ()) -> li
         keep = []
         for d in dirnames:
             rel = f"{rel_dir}/{d}" if rel_dir else d
-            if d in SKIP_DIR_NAMES or rel in excl:
+            if d in SKIP_DIR_NAMES or rel in excl or d in excl:
                 continue
             keep.append(d)
         dirnames[:] = sorted(keep)
@@ -246,7 +250,7 @@ def _source_packages(src: dict, spec: CorpusSpec, stats: CorpusStats):
             raise CorpusError(f"corpus source 'packages': cannot find installed package {pkg!r}; "
                               f"install it or remove it from 'names'")
         if found.submodule_search_locations:  # a package directory
-            root = list(found.submodule_search_locations)[0]
+            root = next(iter(found.submodule_search_locations))
             rels = _walk_files(root, src.get("glob", "**/*.py"), tuple(src.get("exclude_dirs", ("tests", "test"))))
             yield from _read_files(root, rels, f"pkg/{pkg}", spec.max_file_bytes, stats)
         else:  # a single module file
@@ -353,7 +357,7 @@ def top_package(name: str) -> str:
     if parts[0] == "pkg" and len(parts) > 2:
         rel = parts[1:]
     first = rel[0]
-    return first[:-3] if first.endswith(".py") else first
+    return first.removesuffix(".py")
 
 
 def heldout_by_name(name: str, fraction: float, salt: str = "c2jax") -> bool:

@@ -41,6 +41,7 @@ from typing import Any
 
 import grain
 import numpy as np
+from absl import logging
 
 from c2jax import special_tokens
 from c2jax.data.corpus import Corpus, CorpusSpec, build_corpus
@@ -119,7 +120,7 @@ def tokenize_split(corpus: Corpus, split: str, tokenizer, cache_dir: str | None 
     try:
         np.save(os.path.join(tmp, "tokens.npy"), tokens)
         np.save(os.path.join(tmp, "doc_offsets.npy"), offsets)
-        meta = {"format": CACHE_FORMAT, "split": split, "num_tokens": int(len(tokens)),
+        meta = {"format": CACHE_FORMAT, "split": split, "num_tokens": len(tokens),
                 "num_docs": len(docs), "vocab_size": tokenizer.vocab_size, "add_bos": add_bos,
                 "corpus_stats": corpus.stats.as_dict()}
         with open(os.path.join(tmp, "meta.json"), "w") as f:
@@ -131,7 +132,7 @@ def tokenize_split(corpus: Corpus, split: str, tokenizer, cache_dir: str | None 
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return TokenizedSplit(out, int(len(tokens)), len(docs))
+    return TokenizedSplit(out, len(tokens), len(docs))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -152,19 +153,21 @@ class PackedRows:
     def __init__(self, split: TokenizedSplit, seq_len: int, pad_id: int):
         self.path, self.seq_len, self.pad_id = split.path, seq_len, pad_id
         self.num_tokens = split.num_tokens
-        self._tok = self._off = None
+        self._arr = None
 
     def __len__(self) -> int:
-        return -(-self.num_tokens // self.seq_len)
+        return (self.num_tokens + self.seq_len - 1) // self.seq_len
 
     def __getstate__(self):
-        return {**self.__dict__, "_tok": None, "_off": None}
+        return {**self.__dict__, "_arr": None}
 
     def _arrays(self):
-        if self._tok is None:
-            self._tok = np.load(os.path.join(self.path, "tokens.npy"), mmap_mode="r")
-            self._off = np.load(os.path.join(self.path, "doc_offsets.npy"))
-        return self._tok, self._off
+        arr = self._arr  # one attribute, assigned once: safe with grain's reader threads
+        if arr is None:
+            arr = (np.load(os.path.join(self.path, "tokens.npy"), mmap_mode="r"),
+                   np.load(os.path.join(self.path, "doc_offsets.npy")))
+            self._arr = arr
+        return arr
 
     def __getitem__(self, i: int) -> dict[str, np.ndarray]:
         L = self.seq_len
@@ -251,6 +254,20 @@ def corpus_spec_from_config(cfg_data: Any) -> CorpusSpec:
     corpus_cfg = _cfg_get(cfg_data, "corpus", cfg_data)
     return CorpusSpec.from_config(corpus_cfg if corpus_cfg is not None else {},
                                   extra_exclude=[_cfg_get(cfg_data, "codebase_package", "")])
+
+
+def load_corpus_and_tokenizer(cfg_data: Any, run_dir: str | None):
+    """(corpus, tokenizer) for a run: the tokenizer is reloaded from run_dir/tokenizer.json if
+    there, else imported from cfg_data.tokenizer_path or trained on the train split and saved."""
+    from c2jax.data.tokenizer import load_or_train_tokenizer
+
+    corpus = build_corpus(corpus_spec_from_config(cfg_data))
+    tok = load_or_train_tokenizer(
+        run_dir, corpus, vocab_size=int(_cfg_get(cfg_data, "vocab_size", 8192)),
+        sample_mb=float(_cfg_get(cfg_data, "tokenizer_sample_mb", 16.0)),
+        tokenizer_path=_cfg_get(cfg_data, "tokenizer_path", ""))
+    logging.info("corpus %s; tokenizer %s", corpus.stats.as_dict(), tok)
+    return corpus, tok
 
 
 def make_train_iterator(cfg_data: Any, tokenizer, seq_len: int, batch_size: int, seed: int, *,
@@ -403,6 +420,7 @@ def make_sft_iterator(jsonl_path: str, tokenizer, seq_len: int, batch_size: int,
     """Iterator over packed SFT batches from JSONL lines {"messages": [{"role", "content"}]}."""
     chats = [render(m, tokenizer) for m in read_chats_jsonl(jsonl_path)]
     rows = SFTRows(chats, seq_len, tokenizer.pad_id, seed=seed)
+    logging.info("SFT data %s: %s", jsonl_path, dataclasses.asdict(rows.stats))
     if len(rows) == 0:
         raise PipelineError(f"{jsonl_path}: no chat has an assistant message to train on")
     return rows_to_iterator(rows, batch_size=batch_size, seed=seed, shuffle=shuffle,
