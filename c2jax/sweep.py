@@ -200,7 +200,8 @@ def run_sweep(sweep_cfg, workdir: str, runner: Runner | None = None, dry_run: bo
     `runner(command, base_config, overrides, run_dir)` runs one point; it fails by raising or
     by returning a nonzero int (the default runner returns the subprocess exit code).
     Points with a DONE marker are skipped. A failure writes run_dir/FAILED and the sweep goes
-    on. Writes workdir/sweep_status.json after every point. Returns one result per point.
+    on. Writes workdir/sweep_status.json after every point and, when the sweep names
+    `metrics`, workdir/results.{md,csv} at the end. Returns one result per point.
     """
     runner = runner or default_runner
     command = _get(sweep_cfg, "command")
@@ -245,6 +246,9 @@ def run_sweep(sweep_cfg, workdir: str, runner: Runner | None = None, dry_run: bo
             results.append(PointResult(p.name, "done"))
         with open(os.path.join(workdir, "sweep_status.json"), "w") as f:
             json.dump([dataclasses.asdict(r) for r in results], f, indent=1)
+    metrics = list(_get(sweep_cfg, "metrics", []) or [])
+    if metrics and not dry_run:
+        collect(workdir, metrics, points)
     return results
 
 

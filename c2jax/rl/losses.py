@@ -131,6 +131,11 @@ def policy_loss(logp_BL, behaviour_logp_BL, advantages, loss_mask_BL, cfg, trunc
             raise ValueError("rl.mask_overlong is on but policy_loss got no truncated_B")
         mask_BL = mask_BL * (1.0 - truncated_B.astype(dtype))[:, None]
 
+    # Padding may hold anything (-inf logprobs included): zero it so no NaN/inf reaches the
+    # loss or its gradient (where() passes a zero cotangent to the unselected branch).
+    on = mask_BL > 0
+    logp_BL = jnp.where(on, logp_BL, 0.0)
+    behaviour_logp_BL = jnp.where(on, behaviour_logp_BL, 0.0)
     log_ratio_BL = logp_BL - behaviour_logp_BL
     ratio_BL = jnp.exp(log_ratio_BL)
     ratio_sg = jax.lax.stop_gradient(ratio_BL)
@@ -164,7 +169,6 @@ def policy_loss(logp_BL, behaviour_logp_BL, advantages, loss_mask_BL, cfg, trunc
 
     # ---- metrics (no gradients) ----
     lr = jax.lax.stop_gradient(log_ratio_BL)
-    on = mask_BL > 0
     abs_diff = jnp.abs(lr)
     metrics = {
         "loss": jax.lax.stop_gradient(loss),
@@ -185,5 +189,6 @@ def policy_loss(logp_BL, behaviour_logp_BL, advantages, loss_mask_BL, cfg, trunc
     if ref_logp_BL is not None:
         lp = jax.lax.stop_gradient(logp_BL)
         for est in KL_ESTIMATORS:
-            metrics[f"kl_ref_{est}"] = _masked_mean(kl_estimate(lp, ref_logp_BL, est), mask_BL, num_tokens)
+            ref = jnp.where(on, ref_logp_BL, 0.0)
+            metrics[f"kl_ref_{est}"] = _masked_mean(kl_estimate(lp, ref, est), mask_BL, num_tokens)
     return loss, metrics
