@@ -82,6 +82,8 @@ def mesh_defaults() -> ml_collections.ConfigDict:
     m = ml_collections.ConfigDict()
     m.axes = ("data", "fsdp", "context", "expert")  # mesh axis names
     m.shape = (-1, 1, 1, 1)            # sizes; one -1 takes the remaining devices
+    m.cp_impl = "allgather"            # GQA context parallelism: "allgather" K/V or "ring" (ppermute); MLA always gathers latents
+    m.ep_capacity_factor = 0.0         # EP all-to-all rows per peer = factor * local assignments / EP size (0 = dropless worst case)
     # logical axis name -> mesh axes (None = replicated); used for params and activations
     m.rules = (
         ("batch", ("data", "fsdp", "expert")),
@@ -119,8 +121,14 @@ def default_config() -> ml_collections.ConfigDict:
     t.eval_every = 10                  # held-out eval every N steps
     t.checkpoint_every = 10            # checkpoint every N steps
     t.keep_checkpoints = 3             # checkpoints kept
-    t.init_from = ""                   # checkpoint dir or HF dir to start from ("" = random init)
+    t.init_from = ""                   # run dir (its latest checkpoint) or HF dir to start from ("" = random init)
+    t.stage = "cpt"                    # "cpt" (packed corpus), "extend" (longer context), "sft" (chats)
+    t.eval_batches = 8                 # held-out batches per eval (0 = whole held-out split)
+    t.peak_flops = 0.0                 # per-device peak FLOP/s for MFU (0 = measure an XLA matmul)
+    t.async_checkpoint = True          # orbax async saves
     c.train = t
+    from c2jax.data.config import get_config as data_config
+    c.data = data_config()
     return c
 
 
@@ -368,8 +376,16 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int | None = None) -> 
     validate_model(cfg.model)
     if "mesh" in cfg:
         validate_mesh(cfg.mesh, cfg.model, num_devices)
+    if "data" in cfg:
+        from c2jax.data.config import validate as validate_data
+        try:
+            validate_data(cfg.data)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
     if "train" in cfg:
         t = cfg.train
+        if "stage" in t:
+            _choice("train", "stage", t.stage, ("cpt", "extend", "sft"))
         for key in ("steps", "batch_size", "seq_len", "grad_accum"):
             if key in t and t[key] <= 0:
                 raise ConfigError(f"train.{key} must be positive, got {t[key]}")

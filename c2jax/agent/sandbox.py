@@ -56,6 +56,7 @@ class SandboxLimits:
     wall_s: float = 60.0         # wall-clock limit per command (whole process group killed)
     output_bytes: int = 64_000   # stdout / stderr kept per stream; more is dropped (truncated)
     tmp_mb: int = 64             # size of the private /tmp tmpfs
+    disk_mb: int = 512           # size cap of a workspace (a tmpfs mounted there when root)
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
@@ -79,6 +80,7 @@ class RunResult:
 
 
 _BWRAP_STATUS: dict[str, str] = {}
+_RUN_IDS = itertools.count()  # cgroup names, unique across Sandbox instances
 _BWRAP_LOCK = threading.Lock()
 
 
@@ -99,13 +101,22 @@ def require_bwrap() -> str:
                  "--symlink", "usr/lib64", "/lib64", "--proc", "/proc", "--dev", "/dev", "/bin/true"]
         if os.geteuid() != 0:
             probe[1:1] = ["--unshare-user"]
-        r = subprocess.run(probe, capture_output=True, text=True, timeout=30)
+        r = subprocess.run(probe, capture_output=True, text=True, timeout=30, check=False)
         if r.returncode != 0:
             raise SandboxUnavailable(
                 f"bwrap cannot create namespaces here ({r.stderr.strip()[:300]}); run on a host "
                 "that allows them (root, or unprivileged user namespaces enabled)")
         _BWRAP_STATUS["path"] = bwrap
         return bwrap
+
+
+def unavailable_reason() -> str:
+    """"" when the sandbox can run here, else why not (for test skips and CLI messages)."""
+    try:
+        require_bwrap()
+        return ""
+    except SandboxUnavailable as e:
+        return str(e)
 
 
 def _root_entries() -> list[str]:
@@ -117,6 +128,7 @@ def _root_entries() -> list[str]:
             args += ["--symlink", os.readlink(p), str(p)]
         elif p.is_dir():
             args += ["--ro-bind", str(p), str(p)]
+    args += ["--perms", "0755", "--dir", "/etc"]
     for etc in ("/etc/ld.so.cache", "/etc/alternatives", "/etc/localtime"):
         if os.path.exists(etc):
             args += ["--ro-bind", etc, etc]
@@ -141,7 +153,6 @@ class _Cgroups:
     def __init__(self):
         self.kind = ""
         self.bases: dict[str, Path] = {}
-        self._n = itertools.count()
         try:
             self._detect()
         except OSError:
@@ -185,7 +196,7 @@ class _Cgroups:
     def create(self, memory_mb: int, max_procs: int) -> list[Path]:
         if not self.kind:
             return []
-        n = next(self._n)
+        n = next(_RUN_IDS)
         made = []
         try:
             mem = memory_mb * 1024 * 1024
@@ -219,15 +230,17 @@ class _Cgroups:
         for g in groups:
             try:
                 if self.kind == "v1" and (g / "memory.oom_control").exists():
-                    for line in (g / "memory.oom_control").read_text().splitlines():
-                        if line.startswith("oom_kill ") and int(line.split()[1]) > 0:
+                    lines = (g / "memory.oom_control").read_text().splitlines()
+                    kills = [int(x.split()[1]) for x in lines if x.startswith("oom_kill ")]
+                    if kills:  # page-cache reclaim also bumps failcnt: count only OOM kills
+                        if kills[0] > 0:
                             return True
-                    if int((g / "memory.failcnt").read_text()) > 0:
+                    elif int((g / "memory.failcnt").read_text()) > 0:
                         return True
                 elif self.kind == "v2" and (g / "memory.events").exists():
                     for line in (g / "memory.events").read_text().splitlines():
                         k, v = line.split()
-                        if k in ("oom_kill", "max") and int(v) > 0:
+                        if k == "oom_kill" and int(v) > 0:
                             return True
             except (OSError, ValueError):
                 pass
@@ -309,6 +322,27 @@ class Sandbox:
         _chown_tree(Path(path), uid)
         return uid
 
+    def mount_quota(self, path: Path) -> bool:
+        """Mounts a `disk_mb` tmpfs on the (empty) dir `path` so a disk-filling command is capped.
+
+        Root only; returns False (plain directory, no cap) where mounting is not possible.
+        Undo with `unmount_quota`; mounts still live at interpreter exit are detached then.
+        """
+        if not self.as_root:
+            return False
+        opts = f"size={self.limits.disk_mb}m,mode=0755,nr_inodes=200000".encode()
+        if _libc().mount(b"tmpfs", os.fsencode(path), b"tmpfs", _MS_NOSUID | _MS_NODEV, opts) != 0:
+            return False
+        with _MOUNT_LOCK:
+            _MOUNTS.add(str(path))
+        return True
+
+    @staticmethod
+    def unmount_quota(path: Path) -> None:
+        _libc().umount2(os.fsencode(path), _MNT_DETACH)
+        with _MOUNT_LOCK:
+            _MOUNTS.discard(str(path))
+
     def uid_for(self, workdir: Path) -> int:
         if not self.as_root:
             return os.geteuid()
@@ -317,10 +351,12 @@ class Sandbox:
             return st.st_uid
         return self.prepare_dir(workdir)
 
-    def build_argv(self, argv: list[str], workdir: Path, uid: int, cgroups: list[Path]) -> list[str]:
+    def build_argv(self, argv: list[str], workdir: Path, uid: int, cgroups: list[Path],
+                   data_fds: tuple[int, int] | None = None) -> list[str]:
+        """The full command line; data_fds: read ends holding /etc/passwd and /etc/group text."""
         lim = self.limits
         mb = 1024 * 1024
-        cpu = max(1, int(round(lim.cpu_s)))
+        cpu = max(1, round(lim.cpu_s))
         pre = ["prlimit", f"--cpu={cpu}:{cpu + 1}", f"--as={lim.memory_mb * mb}",
                f"--fsize={lim.file_size_mb * mb}", "--core=0", "--nofile=256",
                f"--nproc={lim.max_procs}", "--"]
@@ -328,13 +364,18 @@ class Sandbox:
               "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
         if not self.as_root:
             bw += ["--unshare-user", "--disable-userns"]
+        if data_fds is not None:
+            bw += ["--perms", "0644", "--ro-bind-data", str(data_fds[0]), "/etc/passwd",
+                   "--perms", "0644", "--ro-bind-data", str(data_fds[1]), "/etc/group"]
         bw += ["--hostname", "sandbox", *self._static_args,
                "--proc", "/proc", "--dev", "/dev",
+               "--size", str(16 * mb), "--perms", "1777", "--tmpfs", "/dev/shm",
                "--size", str(lim.tmp_mb * mb), "--perms", "1777", "--tmpfs", "/tmp",
                "--bind", str(workdir), TASK_DIR, "--chdir", TASK_DIR,
                "--clearenv",
                "--setenv", "PATH", f"{self.python_bin}:/usr/local/bin:/usr/bin:/bin",
                "--setenv", "HOME", "/tmp", "--setenv", "TMPDIR", "/tmp",
+               "--setenv", "USER", "sandbox", "--setenv", "LOGNAME", "sandbox",
                "--setenv", "LANG", "C.UTF-8", "--setenv", "PYTHONDONTWRITEBYTECODE", "1",
                "--setenv", "PYTHONUNBUFFERED", "1", "--setenv", "PYTHONNOUSERSITE", "1",
                "--"]
@@ -355,6 +396,10 @@ class Sandbox:
             raise ValueError(f"argv must be a non-empty list of str, got {argv!r}")
         if any("\0" in a for a in argv):
             return RunResult(126, "", "argument contains a NUL byte", killed_reason="")
+        try:
+            [os.fsencode(a) for a in argv]
+        except UnicodeEncodeError:
+            return RunResult(126, "", "argument is not encodable (lone surrogate)", killed_reason="")
         lim = self.limits
         wall = lim.wall_s if timeout_s is None else max(0.01, min(float(timeout_s), lim.wall_s))
         workdir = Path(workdir).resolve()
@@ -362,15 +407,20 @@ class Sandbox:
             raise FileNotFoundError(f"sandbox workdir {workdir} does not exist")
         uid = self.uid_for(workdir)
         groups = self.cgroups.create(lim.memory_mb, lim.max_procs)
-        cmd = self.build_argv(argv, workdir, uid, groups)
+        fds = _data_fds(f"root:x:0:0:root:/root:/bin/sh\nsandbox:x:{uid}:{uid}:sandbox:/tmp:/bin/sh\n",
+                        f"root:x:0:\nsandbox:x:{uid}:\n")
+        cmd = self.build_argv(argv, workdir, uid, groups, fds)
         t0 = time.monotonic()
         try:
             proc = subprocess.Popen(cmd, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    start_new_session=True, close_fds=True)
+                                    start_new_session=True, close_fds=True, pass_fds=fds)
         except OSError as e:
             self.cgroups.remove(groups)
             return RunResult(127, "", f"sandbox failed to start: {e}", killed_reason="")
+        finally:
+            for fd in fds:
+                os.close(fd)
         if stdin is not None:
             threading.Thread(target=_feed, args=(proc.stdin, stdin.encode("utf-8", "replace")),
                              daemon=True).start()
@@ -438,6 +488,36 @@ class Sandbox:
         truncated = any(seen[fd] > len(bufs[fd]) for fd in bufs)
         keys = list(bufs)
         return bytes(bufs[keys[0]]), bytes(bufs[keys[1]]), truncated, reason
+
+
+_MS_NOSUID, _MS_NODEV, _MNT_DETACH = 2, 4, 2
+_MOUNTS: set[str] = set()
+_MOUNT_LOCK = threading.Lock()
+_LIBC = []
+
+
+def _libc():
+    if not _LIBC:
+        import ctypes
+        _LIBC.append(ctypes.CDLL(None, use_errno=True))
+    return _LIBC[0]
+
+
+@atexit.register
+def _unmount_all():
+    for p in list(_MOUNTS):
+        _libc().umount2(os.fsencode(p), _MNT_DETACH)
+
+
+def _data_fds(*texts: str) -> tuple[int, ...]:
+    """Read ends of pipes pre-filled with `texts` (small: they fit the pipe buffer)."""
+    out = []
+    for t in texts:
+        r, w = os.pipe()
+        os.write(w, t.encode())
+        os.close(w)
+        out.append(r)
+    return tuple(out)
 
 
 def _feed(pipe, data: bytes):

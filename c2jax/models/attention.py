@@ -46,6 +46,10 @@ def write_cache(cache_BS_, new_BL_, positions_BL):
 
 
 def _attend(cfg, q, k, v, positions_BL, segment_ids_BL, k_pos_BS, k_seg_BS, scale):
+    if k_seg_BS is not None:
+        from c2jax.parallel import context as cp  # context parallelism when the mesh has context > 1
+        if cp.cp_active(q.shape[1]):
+            return cp.gqa_context_attention(q, k, v, positions_BL, segment_ids_BL, scale)
     mask = attention_mask(positions_BL, k_pos_BS,
                           segment_ids_BL if k_seg_BS is not None else None, k_seg_BS)
     if cfg.attention_impl == "flash" and k_seg_BS is not None:
@@ -128,7 +132,12 @@ class MLAAttention(nn.Module):
             nn.initializers.normal(m.init_std), ("kv_latent", "heads")), (C, H * (N + O)), pdt)
         kv_b_CHX = kv_b.astype(dt).reshape(C, H, N + O)
         scale = softmax_scale(N + R, m)
-        if cache is None:
+        from c2jax.parallel import context as cp  # context parallelism when the mesh has context > 1
+        if cache is None and cp.cp_active(L):
+            out = cp.mla_context_attention(q_nope, q_rope, latent_BLC, k_rope_BLR, kv_b_CHX, positions_BL,
+                                           segment_ids_BL, scale, dt)
+            new_cache = None
+        elif cache is None:
             kv = jnp.einsum("blc,chx->blhx", latent_BLC, kv_b_CHX)
             k = jnp.concatenate([kv[..., :N], jnp.broadcast_to(k_rope_BLR[:, :, None], (B, L, H, R))], -1)
             qf = jnp.concatenate([q_nope, q_rope], -1)

@@ -191,7 +191,14 @@ class MoE(nn.Module):
         w_down = self.param("w_down", nn.with_logical_partitioning(init, ("experts", "expert_mlp", "expert_embed")),
                             (E, F, D), pdt).astype(dt)
         x_TD = x_TD.astype(dt)
-        if resolve_dispatch(m) == "grouped":
+        from c2jax.parallel import experts as ep  # expert parallelism when the mesh has an EP group > 1
+        ep_plan = ep.ep_plan(B, L, E)
+        if ep_plan is not None:
+            y_BLD, dropped = ep.expert_parallel_dispatch(x_TD.reshape(B, L, D), ids_TK.reshape(B, L, K),
+                                                         weights_TK.reshape(B, L, K), w_gate, w_up, w_down, m,
+                                                         ep_plan)
+            y_TD = y_BLD.reshape(B * L, D)
+        elif resolve_dispatch(m) == "grouped":
             y_TD, dropped = grouped_dispatch(x_TD, ids_TK, weights_TK, w_gate, w_up, w_down, m.quant)
         else:
             y_TD, dropped = capacity_dispatch(x_TD, ids_TK, weights_TK, w_gate, w_up, w_down, m.capacity_factor)

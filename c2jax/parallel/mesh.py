@@ -6,6 +6,7 @@ kv_latent, mlp, experts, vocab, layers, ...); `config.mesh.rules` maps them to m
 from __future__ import annotations
 
 import contextlib
+import contextvars
 
 import flax.linen as nn
 import jax
@@ -13,7 +14,7 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from c2jax.config import mesh_shape, validate_mesh
+from c2jax.config import ConfigError, mesh_shape, validate_mesh
 
 
 def make_mesh(cfg, devices=None) -> Mesh:
@@ -22,11 +23,47 @@ def make_mesh(cfg, devices=None) -> Mesh:
     validate_mesh(cfg.mesh, cfg.model, len(devices))
     shape = mesh_shape(cfg.mesh, len(devices))
     axes = tuple(cfg.mesh.axes)
+    validate_layout(cfg, dict(zip(axes, shape)))
     try:
         dev_array = mesh_utils.create_device_mesh(shape, devices=devices)
     except (ValueError, NotImplementedError, AssertionError):
         dev_array = np.asarray(devices).reshape(shape)
     return Mesh(dev_array, axes, axis_types=(AxisType.Auto,) * len(axes))
+
+
+def _rule_axes(cfg, logical: str) -> tuple:
+    for name, targets in cfg.mesh.rules:
+        if name == logical:
+            targets = targets if isinstance(targets, (tuple, list)) else (targets,)
+            return tuple(t for t in targets if t is not None)
+    return ()
+
+
+def validate_layout(cfg, sizes: dict) -> None:
+    """Checks of the parallel layout that need the mesh sizes; raise ConfigError before compiling:
+    the expert-parallel group (the axes `experts` maps to) must divide model.num_experts, the
+    sequence must split into 2*CP zigzag chunks, the batch must split over its axes."""
+    m = cfg.model
+    impl = cfg.mesh.get("cp_impl", "allgather")
+    if impl not in ("allgather", "ring"):
+        raise ConfigError(f"mesh.cp_impl = {impl!r}; choose 'allgather' or 'ring'")
+    if m.num_experts > 0:
+        ep_axes = _rule_axes(cfg, "experts")
+        ep = int(np.prod([sizes.get(a, 1) for a in ep_axes]))
+        if m.num_experts % ep:
+            raise ConfigError(f"model.num_experts={m.num_experts} is not divisible by the expert-parallel group "
+                              f"{ep_axes} of size {ep}; change mesh.shape or the 'experts' rule in mesh.rules")
+    cp = int(np.prod([sizes.get(a, 1) for a in _rule_axes(cfg, "length")]))
+    if "train" in cfg:
+        if cp > 1 and cfg.train.seq_len % (2 * cp):
+            raise ConfigError(f"train.seq_len={cfg.train.seq_len} is not divisible by 2*CP = {2 * cp} (zigzag "
+                              f"context parallelism over {cp} ranks); change train.seq_len or mesh.shape")
+        batch_axes = [a for a in _rule_axes(cfg, "batch") if a not in _rule_axes(cfg, "length")]
+        nb = int(np.prod([sizes.get(a, 1) for a in batch_axes]))
+        micro = cfg.train.batch_size // max(cfg.train.get("grad_accum", 1), 1)
+        if micro % nb:
+            raise ConfigError(f"train.batch_size/grad_accum = {micro} rows is not divisible by the batch axes "
+                              f"{tuple(batch_axes)} of size {nb}; change train.batch_size or mesh.shape")
 
 
 def rules(cfg) -> tuple:
@@ -85,5 +122,72 @@ def data_sharding(cfg, mesh: Mesh, ndim: int = 2) -> NamedSharding:
 @contextlib.contextmanager
 def activate(cfg, mesh: Mesh):
     """Context in which logical constraints inside the model resolve against `mesh`."""
-    with jax.set_mesh(mesh), nn.logical_axis_rules(rules(cfg)):
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules(cfg)), parallel_settings(cfg.mesh):
         yield
+
+
+# ----------------------------------------------------------------------------- active-mesh queries
+# The model code (attention, MoE) asks these at trace time whether context / expert parallelism
+# is on: they read the mesh set by `jax.set_mesh` and the logical rules set by `activate`.
+
+
+def active_axis_sizes() -> dict:
+    """{mesh axis: size} of the mesh set by jax.set_mesh ({} outside any mesh)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh is None or mesh.empty:
+        return {}
+    return dict(mesh.shape)
+
+
+def active_logical_axes(name: str) -> tuple:
+    """Mesh axes (size > 1, in rule order) that logical axis `name` maps to under the active
+    rules and mesh; () when replicated or outside a mesh."""
+    sizes = active_axis_sizes()
+    for logical, targets in nn.get_logical_axis_rules():
+        if logical == name:
+            targets = targets if isinstance(targets, (tuple, list)) else (targets,)
+            return tuple(t for t in targets if t is not None and sizes.get(t, 1) > 1)
+    return ()
+
+
+def axes_size(axes) -> int:
+    """Product of the active mesh's sizes of `axes`."""
+    sizes = active_axis_sizes()
+    return int(np.prod([sizes.get(a, 1) for a in axes])) if axes else 1
+
+
+def divisible_axes(dim: int, axes) -> tuple:
+    """The longest prefix of `axes` whose size product divides dim (used to build shard_map specs
+    that match what GSPMD does with a non-divisible logical constraint)."""
+    out = []
+    for a in axes:
+        if dim % axes_size(tuple(out) + (a,)) == 0:
+            out.append(a)
+        else:
+            break
+    return tuple(out)
+
+
+def spec_entry(axes):
+    """PartitionSpec entry for a tuple of mesh axes."""
+    return None if not axes else (axes[0] if len(axes) == 1 else tuple(axes))
+
+
+_PARALLEL_SETTINGS: contextvars.ContextVar = contextvars.ContextVar("c2jax_parallel", default=None)
+
+
+def parallel_setting(key: str, default):
+    """A `config.mesh` field of the config passed to `activate` (default outside it)."""
+    settings = _PARALLEL_SETTINGS.get()
+    if settings is None or key not in settings:
+        return default
+    return settings[key]
+
+
+@contextlib.contextmanager
+def parallel_settings(mesh_cfg):
+    token = _PARALLEL_SETTINGS.set(mesh_cfg)
+    try:
+        yield
+    finally:
+        _PARALLEL_SETTINGS.reset(token)

@@ -23,8 +23,9 @@ import secrets
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 HIDDEN_DIR = ".c2jax_hidden"
 NONCE_PLACEHOLDER = "__C2JAX_NONCE__"
@@ -36,6 +37,16 @@ HIDDEN_PREAMBLE = (
     "_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))\n"
     "sys.path.insert(0, _ROOT)\n"
     "os.chdir(_ROOT)\n"
+    "\n\n"
+    "def _same(got, want):\n"
+    "    # exact type first: an object whose __eq__ always says True must not pass\n"
+    "    if type(got) is not type(want):\n"
+    "        return False\n"
+    "    if isinstance(want, (list, tuple)):\n"
+    "        return len(got) == len(want) and all(_same(g, w) for g, w in zip(got, want))\n"
+    "    if isinstance(want, dict):\n"
+    "        return got.keys() == want.keys() and all(_same(got[k], want[k]) for k in want)\n"
+    "    return want == got\n"
 )
 # Files and directories never counted as part of the repository state.
 IGNORED_PARTS = frozenset({"__pycache__", HIDDEN_DIR, ".git", ".pytest_cache", ".ruff_cache"})
@@ -75,7 +86,7 @@ def local_run(argv: list[str], workdir: Path, timeout_s: float = 60.0) -> LocalR
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env["PYTHONHASHSEED"] = "0"
     try:
-        p = subprocess.run(argv, cwd=str(workdir), capture_output=True, text=True,
+        p = subprocess.run(argv, check=False, cwd=str(workdir), capture_output=True, text=True,
                            timeout=timeout_s, env=env, start_new_session=True)
         return LocalRunResult(p.returncode, p.stdout, p.stderr, False)
     except subprocess.TimeoutExpired as e:
@@ -150,6 +161,7 @@ class Task:
         try:
             write_files(workspace_path, {k: v.replace(NONCE_PLACEHOLDER, nonce)
                                          for k, v in self.hidden_tests.items()})
+            _give_to_workspace_owner(workspace_path, hidden)
             r = run(list(self.test_command), workspace_path, self.timeout_s)
         finally:
             shutil.rmtree(hidden, ignore_errors=True)
@@ -176,9 +188,23 @@ class Task:
         Call it after the episode, before any other process touches the workspace.
         """
         if self.grader is not None:
-            from c2jax.tasks import behaviour  # local import: behaviour imports this module
+            from c2jax.tasks import (
+                behaviour,  # local import: behaviour imports this module
+            )
             return behaviour.grade_behaviour_task(self, Path(workspace_path), run, episode)
         return self.run_hidden_tests(workspace_path, run)
+
+
+def _give_to_workspace_owner(workspace_path: Path, hidden: Path) -> None:
+    """As root, hand the hidden-test dir to the workspace's owner (the sandbox uid), so the
+    tests can write caches and scratch files next to themselves."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return
+    st = workspace_path.stat()
+    if st.st_uid == 0:
+        return
+    for p in [hidden, *hidden.rglob("*")]:
+        os.chown(p, st.st_uid, st.st_gid, follow_symlinks=False)
 
 
 # Per-test reports: runners may print `C2JAX_REPORT <nonce> <json>` with {test_id: outcome}.

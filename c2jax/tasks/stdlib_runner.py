@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 
 _TEMPLATE = r'''
-import importlib.util, json, os, sys, types, unittest
+import importlib.util, json, os, re, sys, types, unittest
 try:
     import resource
     resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
@@ -32,7 +32,14 @@ SELECT = __SELECT__
 NONCE = "__C2JAX_NONCE__"
 sys.path[:] = [p for p in sys.path if p not in ("", HERE, os.getcwd())]
 sys.path.insert(0, ROOT)
-os.chdir(HERE)
+SCRATCH = None
+try:  # tests may write scratch files into the cwd: a dir inside the hidden dir, removed with it
+    os.makedirs(os.path.join(HERE, "scratch"), exist_ok=True)
+    os.chdir(os.path.join(HERE, "scratch"))
+except OSError:  # hidden dir not writable: a temp dir, removed at exit
+    import tempfile
+    SCRATCH = tempfile.mkdtemp(prefix="c2jax_tests_")
+    os.chdir(SCRATCH)
 for name in list(sys.modules):
     if name == MOD or name.startswith(MOD + "."):
         del sys.modules[name]
@@ -47,6 +54,10 @@ def report(outcomes, shadow_ok, messages=None):
     if ok:
         print("C2JAX_ALL_PASSED " + NONCE, file=out)
     out.flush()
+    if SCRATCH:
+        import shutil
+        os.chdir(HERE)
+        shutil.rmtree(SCRATCH, ignore_errors=True)
     os._exit(0 if ok else 1)
 
 
@@ -109,7 +120,9 @@ class Result(unittest.TestResult):
     def _bad(self, test, err, kind):
         self.outcomes[test.id()] = kind
         text = self._exc_info_to_string(err, test).strip().splitlines()
-        self.messages.setdefault(test.id(), (text[-1] if text else kind)[:300])
+        pick = [ln for ln in text if re.match(r"^[\w.]*(Error|Exception|Exit)\b", ln)]
+        line = pick[-1] if pick else (text[-1] if text else kind)
+        self.messages.setdefault(test.id(), line.strip()[:300])
 
     def addSuccess(self, test):
         self.outcomes.setdefault(test.id(), "pass")

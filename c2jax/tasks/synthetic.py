@@ -19,7 +19,12 @@ import random
 import string as _string
 
 from c2jax.tasks.base import (
-    Task, minimal_edit, plain_test_script, split_of, stable_hash)
+    Task,
+    minimal_edit,
+    plain_test_script,
+    split_of,
+    stable_hash,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,7 +89,7 @@ TEMPLATES_BY_KEY = {t.key: t for t in FN_TEMPLATES}
 
 def _gen_inputs(kind: str, rng: random.Random) -> tuple:
     r = rng.randint
-    word = lambda: "".join(rng.choice(_string.ascii_lowercase) for _ in range(r(3, 6)))  # noqa: E731
+    word = lambda: "".join(rng.choice(_string.ascii_lowercase) for _ in range(r(3, 6)))
     if kind == "int2":
         return (r(-9, 9), r(-9, 9))
     if kind == "pos2":
@@ -128,7 +133,7 @@ class _Fn:
 
     def call(self, token: str | None, args: tuple):
         ns: dict = {}
-        exec(self.source(token), ns)  # our own template code, never model output
+        exec(self.source(token), ns)  # noqa: S102 -- our own template code, never model output
         try:
             return ns[self.name](*args)
         except Exception as e:  # noqa: BLE001
@@ -176,7 +181,7 @@ def _asserts(fn: _Fn, cases, call_name: str | None = None) -> str:
     lines = []
     for args in cases:
         want = fn.call(None, args)
-        lines.append(f"assert {_fmt_call(call_name, args)} == {want!r}, "
+        lines.append(f"assert _same({_fmt_call(call_name, args)}, {want!r}), "
                      f"{_fmt_call(call_name, args) + ' should be ' + repr(want)!r}")
     return "\n".join(lines)
 
@@ -316,7 +321,7 @@ def _level23(rng: random.Random, level: int) -> Task:
         arg = _wrapper_arg(f, cases)
         got, want = _wrapper_expect(f, b, cases), _wrapper_expect(f, None, cases)
         symptoms.append(_symptom(f"{cnames[f.name]}({arg!r})", got, want))
-        tests.append(f"assert {cnames[f.name]}({arg!r}) == {want!r}, "
+        tests.append(f"assert _same({cnames[f.name]}({arg!r}), {want!r}), "
                      f"{cnames[f.name] + ' is wrong'!r}")
         tests.append(f"from {mod_of(h2 if f in helpers2 else h1)} import {f.name}")
         tests.append(_asserts(f, cases))
@@ -328,7 +333,7 @@ def _level23(rng: random.Random, level: int) -> Task:
         sig = f"{missing.name}({', '.join(missing.params)})"
         symptoms.append(f"importing {main_path} fails: {sig} is missing from {path_of(h1)}; "
                         f"{cnames[missing.name]}({arg!r}) should give {want!r}")
-        tests.append(f"assert {cnames[missing.name]}({arg!r}) == {want!r}")
+        tests.append(f"assert _same({cnames[missing.name]}({arg!r}), {want!r})")
         tests.append(f"from {mod_of(h1)} import {missing.name}")
         tests.append(_asserts(missing, cases))
     prompt = f"In {main_path}: " + "; and ".join(symptoms) + ". Please fix."

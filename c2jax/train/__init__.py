@@ -1,0 +1,1 @@
+"""Training: optimizer, step (loss, grad accumulation, bias update), checkpoints, metrics, loop."""

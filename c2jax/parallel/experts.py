@@ -1,0 +1,155 @@
+"""Expert parallelism (EP): experts sharded over an EP group of mesh axes, tokens dispatched to
+the experts' devices and combined back with all-to-all inside `jax.shard_map`.
+
+The EP group is whatever the logical axis `experts` maps to under `config.mesh.rules`, e.g.
+`("experts", ("data", "context"))` builds EP from data x context devices (the report's layout:
+EP 8 = data 4 x CP 2 in CPT, EP 8 = CP 8 in RL), while dense weights are sharded by the
+`embed -> (fsdp, context)` rule: two shardings (meshes) over the same devices.
+
+Per MoE layer, on every device (T local tokens, K experts each, A = T*K assignments):
+ 1. sort assignments by destination EP rank, keep at most `cap` per destination
+    (cap = A, dropless, when mesh.ep_capacity_factor == 0), build a [EP, cap, D] send buffer;
+ 2. cast the rows to the expert dtype (MXFP8 values + E8M0 scales when model.quant is
+    mxfp8/nvfp4) and all-to-all them (plus local expert ids) over the EP axes;
+ 3. run the local experts (sorted grouped matmul, the same gmm as the single-device path);
+ 4. all-to-all the outputs back in the model dtype (bf16 in production), weight and sum the k
+    results in float32 and cast back.
+
+Letters: B batch, L length, D model width, K experts per token, F expert width, E experts,
+T local tokens, A local assignments, R received rows, W EP group size.
+"""
+from __future__ import annotations
+
+import logging
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from c2jax.config import ConfigError
+from c2jax.parallel.mesh import active_logical_axes, axes_size, divisible_axes, parallel_setting, spec_entry
+
+
+def ep_axes() -> tuple:
+    """Mesh axes of the active EP group (those the `experts` logical axis maps to, size > 1)."""
+    return active_logical_axes("experts")
+
+
+def ep_active() -> bool:
+    return axes_size(ep_axes()) > 1
+
+
+def _quantized_all_to_all(x_RD, axes, quant: str, out_dtype):
+    """all-to-all of token rows in the expert dtype: MXFP8 (E4M3 values + one E8M0 scale per 32)
+    when quantized and D % 32 == 0, else out_dtype. The backward sends cotangents in out_dtype."""
+    def a2a(t):
+        return jax.lax.all_to_all(t, axes, 0, 0, tiled=True)
+
+    if quant == "none" or x_RD.shape[-1] % 32:
+        return a2a(x_RD.astype(out_dtype))
+
+    from pallas_kernels.quant import dequantize_mxfp8, quantize_mxfp8
+
+    @jax.custom_vjp
+    def send(x):
+        values, scales = quantize_mxfp8(x, axis=-1)
+        return dequantize_mxfp8(a2a(values), a2a(scales), axis=-1, dtype=out_dtype)
+
+    def fwd(x):
+        return send(x), None
+
+    def bwd(_, g):
+        return (a2a(g.astype(out_dtype)).astype(x_RD.dtype),)
+
+    send.defvjp(fwd, bwd)
+    return send(x_RD)
+
+
+def _local_experts(x_RD, eid_R, w_gate, w_up, w_down, quant: str):
+    """Rows with local expert id eid (== E_local for padding) through their expert."""
+    from c2jax.models.moe import _expert_ffn, _ragged_gmm
+    e_local = w_gate.shape[0]
+    order = jnp.argsort(eid_R, stable=True)
+    sizes = jnp.bincount(eid_R, length=e_local + 1)[:e_local].astype(jnp.int32)
+    y_sorted = _expert_ffn(x_RD[order], w_gate, w_up, w_down, sizes, _ragged_gmm(quant))
+    y = jnp.zeros_like(y_sorted).at[order].set(y_sorted)
+    return jnp.where((eid_R < e_local)[:, None], y, 0)
+
+
+def ep_plan(batch: int, length: int, num_experts: int):
+    """(EP axes, token batch axes, token length axes) for a [batch, length] token block, or None
+    when EP is off, or when the tokens cannot be split over every EP axis (e.g. the dummy batch of
+    a shape-only init): then the caller uses the single-device dispatch and GSPMD (correct, but
+    it gathers the expert weights), and a warning is logged."""
+    axes = ep_axes()
+    W = axes_size(axes)
+    if W <= 1:
+        return None
+    if num_experts % W:
+        raise ConfigError(f"model.num_experts={num_experts} is not divisible by the expert-parallel group "
+                          f"{axes} of size {W}; change mesh.shape or the 'experts' rule in mesh.rules")
+    b_axes = divisible_axes(batch, tuple(a for a in active_logical_axes("batch") if a != "context"))
+    l_axes = divisible_axes(length, active_logical_axes("length"))
+    missing = [a for a in axes if a not in b_axes + l_axes]
+    if missing:
+        key = (batch, length, axes)
+        if key not in _WARNED and batch > 1:  # batch 1 = shape-only init or single-row decode
+            _WARNED.add(key)
+            logging.warning("expert parallelism over %s skipped for a [%d, %d] token block: %s shard neither "
+                            "batch nor length (make them divisible by the mesh axes)", axes, batch, length, missing)
+        return None
+    return axes, b_axes, l_axes
+
+
+_WARNED: set = set()
+
+
+def expert_parallel_dispatch(x_BLD, ids_BLK, weights_BLK, w_gate, w_up, w_down, m, plan=None):
+    """EP MoE dispatch + expert compute + combine. Returns (y_BLD in x's dtype, dropped fraction).
+    `plan` from ep_plan (computed here when None)."""
+    B, L, D = x_BLD.shape
+    E, K = w_gate.shape[0], ids_BLK.shape[-1]
+    plan = plan or ep_plan(B, L, E)
+    if plan is None:
+        raise ConfigError("expert_parallel_dispatch called without an active expert-parallel mesh")
+    axes, b_axes, l_axes = plan
+    W = axes_size(axes)
+    factor = float(parallel_setting("ep_capacity_factor", 0.0))
+    e_local = E // W
+    dt = x_BLD.dtype
+
+    def body(x, ids, wts, wg, wu, wd):
+        b, l, _ = x.shape
+        T = b * l
+        A = T * K
+        cap = A if factor <= 0 else min(A, max(1, int(math.ceil(factor * A / W))))
+        flat = ids.reshape(A).astype(jnp.int32)
+        dest = flat // e_local
+        order = jnp.argsort(dest, stable=True)
+        sizes = jnp.bincount(dest, length=W)
+        starts = jnp.cumsum(sizes) - sizes
+        rank_sorted = jnp.arange(A, dtype=jnp.int32) - starts[dest[order]]
+        rank = jnp.zeros_like(rank_sorted).at[order].set(rank_sorted)
+        keep = rank < cap
+        slot = jnp.where(keep, dest * cap + rank, W * cap)       # W*cap = drop sink
+        token = jnp.arange(A, dtype=jnp.int32) // K
+        x_TD = x.reshape(T, D)
+        send_x = jnp.zeros((W * cap + 1, D), dt).at[slot].set(x_TD[token])[: W * cap]
+        send_e = jnp.full((W * cap + 1,), e_local, jnp.int32).at[slot].set(flat % e_local)[: W * cap]
+        recv_x = _quantized_all_to_all(send_x, axes, m.quant, dt)
+        recv_e = jax.lax.all_to_all(send_e, axes, 0, 0, tiled=True)
+        y_R = _local_experts(recv_x, recv_e, wg, wu, wd, m.quant).astype(dt)   # combine dtype
+        back = jax.lax.all_to_all(y_R, axes, 0, 0, tiled=True)
+        back = jnp.concatenate([back, jnp.zeros((1, D), dt)])
+        y_AD = back[slot] * keep[:, None].astype(dt)
+        y = jnp.einsum("tkd,tk->td", y_AD.reshape(T, K, D).astype(jnp.float32),
+                       wts.reshape(T, K).astype(jnp.float32))
+        dropped = 1.0 - jnp.mean(keep.astype(jnp.float32))
+        varying = tuple(dict.fromkeys(b_axes + l_axes + axes))  # dropped varies over the token axes
+        return y.astype(dt).reshape(b, l, D), jax.lax.pmean(dropped, varying)
+
+    tok = P(spec_entry(b_axes), spec_entry(l_axes), None)
+    wspec = P(spec_entry(axes), None, None)
+    fn = jax.shard_map(body, in_specs=(tok, tok, tok, wspec, wspec, wspec), out_specs=(tok, P()))
+    return fn(x_BLD, ids_BLK, weights_BLK, w_gate, w_up, w_down)

@@ -1,0 +1,540 @@
+"""The jitted sampler: a fixed set of cache slots, jitted prefill and on-device decode chunks
+(cache and row state donated), continuous batching, prefix reuse for multi-turn, per-token
+logprobs / policy versions / routed expert ids, and in-flight weight swaps.
+
+Letters: B slots (max_batch), S cache slots per row (max_len), b prefill rows, L prefill
+length (bucketed), M fan-out rows (padded to B), C decode steps per chunk, N MoE layers,
+K experts per token, X stop ids per row, V vocab.
+
+Cache layout: the model's stacked caches (`c2jax.models.init_cache`): MLA keeps only the
+latent [n, B, S, C_kv] and rotary key [n, B, S, R] and decodes with the absorbed
+up-projection; GQA keeps K/V. Slot index == token position, so a row's cache holds exactly
+positions 0..pos-1 ("pos" below = tokens in the cache); stale entries past pos are never
+visible (attention masks slot <= query position) and are overwritten before they are read.
+
+Row life cycle (per slot, all on device inside one chunk):
+  prefill   writes the prompt (or only the suffix not already cached), samples token 1
+  live      each decode step consumes the pending token `cur` at `pos` (writes its KV,
+            records its routing) and, unless `done`, samples the next one
+  done      set when a stop id / max_new_tokens / cache end is hit; the row stays live for
+            one more "flush" step so the final token's KV and routing are recorded too
+            (needed for multi-turn continuation and for router replay of every position)
+  idle      not live; writes are sent to an out-of-range position (dropped), so the cached
+            conversation survives until the slot is reused.
+Expert ids are therefore recorded per *input position* of the full sequence: prompt
+positions from prefill, each later position from the decode step that consumed it. This is
+what the trainer's forward routes on the same sequence (router replay input).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import json
+import threading
+from typing import Any, Callable, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from c2jax.models import transformer as tfm
+from c2jax.sampling import logits as lg
+
+FINISH = {0: "", 1: "stop", 2: "length", 3: "max_len"}
+MAX_STOP_IDS = 8
+
+
+# ----------------------------------------------------------------------------- requests
+
+
+@dataclasses.dataclass
+class Request:
+    """One prompt to complete `n` times (the RL group shares one prefill)."""
+
+    prompt: Sequence[int]
+    max_new_tokens: int = 64
+    n: int = 1
+    temperature: float = 1.0             # 0 = greedy
+    top_p: float = 1.0                   # 1.0 = off
+    top_k: int = 0                       # 0 = off
+    stop_token_ids: Sequence[int] = ()   # finish after emitting one of these (it is kept)
+    stop_strings: Sequence[str] = ()     # needs `detokenize`; checked between chunks
+    detokenize: Callable[[list[int]], str] | None = None
+    seed: int = 0
+    request_id: int | None = None        # key derivation; assigned from a counter when None
+    reuse_prefix: bool = True            # continue from the idle slot sharing the longest prefix
+
+
+@dataclasses.dataclass
+class Completion:
+    """One finished sample."""
+
+    request_id: int
+    sample_index: int
+    tokens: list[int]                    # generated ids (stop id included)
+    logprobs: np.ndarray                 # f32 behaviour logprob per generated token
+    raw_logprobs: np.ndarray             # f32 log_softmax of the unmodified logits
+    versions: np.ndarray                 # int32 policy version per generated token
+    expert_ids: np.ndarray | None        # int32 [len(prompt) + len(tokens), N, K] per input position
+    finish_reason: str                   # stop | length | max_len | stop_string
+    prompt_len: int
+    prefilled: int                       # prompt tokens actually run through prefill (shared by the group)
+    slot: int
+
+    @property
+    def completion_expert_ids(self):
+        return None if self.expert_ids is None else self.expert_ids[self.prompt_len:]
+
+
+class RowState(NamedTuple):
+    """Device state of every slot (arrays of leading size B)."""
+
+    cur: jax.Array        # int32 pending token (not yet in the cache)
+    pos: jax.Array        # int32 tokens in the cache (= position of `cur`)
+    live: jax.Array       # bool: the next step consumes `cur`
+    done: bool            # bool: the next step only flushes (no new token)
+    ngen: jax.Array       # int32 tokens generated so far
+    max_new: jax.Array    # int32
+    temp: jax.Array       # f32
+    top_k: jax.Array      # int32
+    top_p: jax.Array      # f32
+    key: jax.Array        # typed PRNG key per row
+    stop: jax.Array       # int32 [B, X] stop ids (-1 padded)
+    reason: jax.Array     # int32 FINISH code
+
+
+def init_row_state(B: int) -> RowState:
+    z = lambda dt=jnp.int32: jnp.zeros((B,), dt)  # noqa: E731  (distinct buffers: all are donated)
+    return RowState(cur=z(), pos=z(), live=z(bool), done=z(bool), ngen=z(), max_new=z(),
+                    temp=jnp.ones((B,), jnp.float32), top_k=z(), top_p=jnp.ones((B,), jnp.float32),
+                    key=jax.random.split(jax.random.key(0), B), stop=jnp.full((B, MAX_STOP_IDS), -1, jnp.int32),
+                    reason=z())
+
+
+def sampler_model_cfg(cfg, exact_moe: bool = True):
+    """The model config the sampler runs. With exact_moe, MoE dispatch never drops tokens (so a
+    row's output cannot depend on the other rows): capacity dispatch gets capacity_factor =
+    experts / top-k (capacity = tokens), grouped dispatch is dropless already."""
+    m = ml_collections.ConfigDict(tfm.model_cfg(cfg).to_dict())
+    if exact_moe and m.num_experts:
+        from c2jax.models.moe import resolve_dispatch
+        if resolve_dispatch(m) == "capacity":
+            m.moe_dispatch = "capacity"
+            m.capacity_factor = float(m.num_experts) / m.num_experts_per_tok
+    return m
+
+
+def _finish_codes(tok, ngen, pos_of_tok, max_new, stop, S):
+    is_stop = jnp.any(tok[:, None] == stop, axis=-1)
+    hit_len = ngen >= max_new
+    hit_cache = pos_of_tok >= S - 1
+    code = jnp.where(is_stop, 1, jnp.where(hit_len, 2, jnp.where(hit_cache, 3, 0))).astype(jnp.int32)
+    return code
+
+
+def _expert_ids(aux, N):
+    if N == 0:
+        return None
+    return aux["expert_ids"]
+
+
+# ----------------------------------------------------------------------------- jitted kernels
+
+
+@functools.lru_cache(maxsize=32)
+def _kernels(model_json: str, S: int, B: int):
+    m = ml_collections.ConfigDict(json.loads(model_json))
+    _, N = tfm.layer_counts(m)
+
+    @functools.partial(jax.jit, donate_argnums=(1, 2), static_argnames=("use_filter",))
+    def prefill(params, cache, state, tokens_bL, start_b, len_b, src_slot_b,
+                dest_slot_M, dest_src_M, seed_M, rid_M, sidx_M, max_new_M, temp_M, top_k_M, top_p_M, stop_MX,
+                use_filter=True):
+        b, L = tokens_bL.shape
+        ar = jnp.arange(L, dtype=jnp.int32)
+        positions = jnp.where(ar[None] < len_b[:, None], start_b[:, None] + ar[None], S)
+        sub = jax.tree.map(lambda c: c[:, src_slot_b], cache)
+        out = tfm.forward_with_cache(m, params, tokens_bL, positions, sub)
+        cache = jax.tree.map(lambda c, s: c.at[:, dest_slot_M].set(s[:, dest_src_M], mode="drop"),
+                             cache, out.cache)
+        last_bV = out.logits[jnp.arange(b), jnp.maximum(len_b - 1, 0)]
+        base = lg.row_keys(seed_M, rid_M, sidx_M)
+        tok, lp, raw = lg.select_tokens(last_bV[dest_src_M], lg.step_keys(base, jnp.zeros_like(sidx_M)),
+                                        temp_M, top_k_M, top_p_M, use_filter)
+        pos_M = (start_b + len_b)[dest_src_M]
+        one = jnp.ones_like(pos_M)
+        code = _finish_codes(tok, one, pos_M, max_new_M, stop_MX, S)
+        upd = RowState(cur=tok, pos=pos_M, live=jnp.ones_like(pos_M, bool), done=code > 0, ngen=one,
+                       max_new=max_new_M, temp=temp_M, top_k=top_k_M, top_p=top_p_M, key=base, stop=stop_MX,
+                       reason=code)
+        state = jax.tree.map(lambda s, u: s.at[dest_slot_M].set(u, mode="drop"), state, upd)
+        experts = _expert_ids(out.aux, N)
+        return cache, state, (tok, lp, raw, code, experts)
+
+    @functools.partial(jax.jit, donate_argnums=(1, 2), static_argnames=("C", "use_filter"))
+    def decode(params, cache, state, min_live, C=32, use_filter=True):
+        """Up to C decode steps on device; stops early when fewer than min_live rows are live
+        (the host then refills freed slots) or when none is."""
+        K = m.num_experts_per_tok
+        bufs = dict(tok=jnp.full((C, B), -1, jnp.int32), lp=jnp.zeros((C, B), jnp.float32),
+                    raw=jnp.zeros((C, B), jnp.float32), gen=jnp.zeros((C, B), bool),
+                    used=jnp.zeros((C, B), bool), code=jnp.zeros((C, B), jnp.int32))
+        if N:
+            bufs["experts"] = jnp.zeros((C, N, B, K), jnp.int32)
+
+        def cond(carry):
+            i, _, st, _ = carry
+            n_live = jnp.sum(st.live)
+            return (i < C) & (n_live > 0) & (n_live >= min_live)
+
+        def body(carry):
+            i, cache, st, bufs = carry
+            positions = jnp.where(st.live, st.pos, S)[:, None]
+            out = tfm.forward_with_cache(m, params, st.cur[:, None], positions, cache)
+            gen = st.live & ~st.done
+            tok, lp, raw = lg.select_tokens(out.logits[:, 0], lg.step_keys(st.key, st.ngen),
+                                            st.temp, st.top_k, st.top_p, use_filter)
+            ngen = st.ngen + gen
+            code = jnp.where(gen, _finish_codes(tok, ngen, st.pos + 1, st.max_new, st.stop, S), 0)
+            new = st._replace(
+                cur=jnp.where(gen, tok, st.cur), pos=jnp.where(st.live, st.pos + 1, st.pos),
+                live=st.live & ~st.done, done=st.done | (code > 0), ngen=ngen,
+                reason=jnp.where(code > 0, code, st.reason))
+            row = dict(tok=jnp.where(gen, tok, -1), lp=lp, raw=raw, gen=gen, used=st.live, code=code)
+            if N:
+                row["experts"] = out.aux["expert_ids"][:, :, 0]
+            bufs = {k: bufs[k].at[i].set(row[k]) for k in bufs}
+            return i + 1, out.cache, new, bufs
+
+        i, cache, state, bufs = jax.lax.while_loop(cond, body, (jnp.int32(0), cache, state, bufs))
+        return cache, state, i, bufs
+
+    return prefill, decode, N
+
+
+def _bucket(n: int, lo: int, hi: int) -> int:
+    b = lo
+    while b < n:
+        b *= 2
+    return min(b, hi)
+
+
+# ----------------------------------------------------------------------------- host side
+
+
+@dataclasses.dataclass
+class _Row:
+    req: Request
+    rid: int
+    sample: int
+    group: "_Group"
+    prompt_len: int
+    tokens: list = dataclasses.field(default_factory=list)
+    lps: list = dataclasses.field(default_factory=list)
+    raws: list = dataclasses.field(default_factory=list)
+    versions: list = dataclasses.field(default_factory=list)
+    reason: str = ""
+    finished: bool = False
+    slot: int = -1
+    expert_ids: Any = None
+
+
+@dataclasses.dataclass
+class _Group:
+    req: Request
+    rid: int
+    rows: list = dataclasses.field(default_factory=list)
+    prefilled: int = 0
+    completions: list | None = None
+
+
+class Sampler:
+    """Reusable jitted sampler over `max_batch` cache slots of `max_len` positions.
+
+        s = Sampler(cfg, params, max_batch=8, max_len=512)
+        rid = s.submit(Request(prompt, max_new_tokens=64, n=4))
+        s.run_until_done()            # or step_chunk() in your own loop
+        s.results(rid)                # list[Completion] (n of them)
+        s.swap_params(new, version)   # in flight: takes effect at the next decode chunk
+
+    Attributes: version (current policy version), prefill_tokens (tokens run through
+    prefill, counted once per shared group), decode_steps, generated_tokens.
+    """
+
+    def __init__(self, cfg, params, max_batch: int = 8, max_len: int = 512, chunk: int = 32,
+                 version: int = 0, exact_moe: bool = True, cache_dtype=None, speculative: str = "none"):
+        if speculative != "none":
+            raise NotImplementedError("speculative decoding (MTP drafts) is not implemented yet; use 'none'")
+        if max_batch < 1 or max_len < 2:
+            raise ValueError(f"Sampler needs max_batch >= 1 and max_len >= 2, got {max_batch}, {max_len}")
+        self.model_cfg = sampler_model_cfg(cfg, exact_moe)
+        self.B, self.S, self.chunk = int(max_batch), int(max_len), int(chunk)
+        self._prefill, self._decode, self.num_moe_layers = _kernels(self.model_cfg.to_json(), self.S, self.B)
+        self.params = params
+        self.version = int(version)
+        self.cache = tfm.init_cache(self.model_cfg, self.B, self.S, cache_dtype)
+        self.cache = jax.tree.map(lambda a: jnp.array(a), self.cache)  # materialize (init broadcasts)
+        self.state = init_row_state(self.B)
+        self._lock = threading.RLock()
+        self._rid = itertools.count()
+        self._waiting: list[_Group] = []
+        self._groups: dict[int, _Group] = {}
+        self.slot_row: list[_Row | None] = [None] * self.B          # live row per slot
+        self.slot_tokens: list[list[int]] = [[] for _ in range(self.B)]  # tokens whose KV is cached
+        self.slot_experts: list[list[np.ndarray]] = [[] for _ in range(self.B)]  # routing per cached position
+        self._slot_used = [0] * self.B
+        self._tick = itertools.count(1)
+        self.prefill_tokens = 0
+        self.prefill_calls = 0
+        self.decode_steps = 0
+        self.generated_tokens = 0
+
+    # -- weights
+    def swap_params(self, params, version: int) -> None:
+        """New weights for every later decode chunk / prefill; caches and live rows are kept."""
+        with self._lock:
+            self.params = params
+            self.version = int(version)
+
+    # -- requests
+    def submit(self, request: Request) -> int:
+        """Queue a request (n samples); returns its request id."""
+        r = request
+        prompt = [int(t) for t in r.prompt]
+        V = self.model_cfg.vocab_size
+        if not prompt:
+            raise ValueError("Request.prompt is empty; give at least one token")
+        if len(prompt) >= self.S:
+            raise ValueError(f"prompt of {len(prompt)} tokens does not fit max_len={self.S} (need len < max_len)")
+        if min(prompt) < 0 or max(prompt) >= V:
+            raise ValueError(f"prompt token ids must be in [0, {V})")
+        if not 1 <= r.n <= self.B:
+            raise ValueError(f"Request.n={r.n} must be in [1, max_batch={self.B}]")
+        if r.max_new_tokens < 1:
+            raise ValueError("Request.max_new_tokens must be >= 1")
+        if len(r.stop_token_ids) > MAX_STOP_IDS:
+            raise ValueError(f"at most {MAX_STOP_IDS} stop_token_ids per request")
+        if r.stop_strings and r.detokenize is None:
+            raise ValueError("Request.stop_strings needs Request.detokenize (ids -> text)")
+        r = dataclasses.replace(r, prompt=prompt)
+        with self._lock:
+            rid = next(self._rid) if r.request_id is None else int(r.request_id)
+            if rid in self._groups:
+                raise ValueError(f"request id {rid} is already in use")
+            g = _Group(r, rid)
+            g.rows = [_Row(r, rid, j, g, len(prompt)) for j in range(r.n)]
+            self._groups[rid] = g
+            self._waiting.append(g)
+        return rid
+
+    def done(self, rid: int) -> bool:
+        return self._groups[rid].completions is not None
+
+    def results(self, rid: int, pop: bool = True) -> list[Completion]:
+        g = self._groups[rid]
+        if g.completions is None:
+            raise RuntimeError(f"request {rid} is not finished; call run_until_done()")
+        if pop:
+            del self._groups[rid]
+        return g.completions
+
+    def pending(self) -> int:
+        return len(self._waiting) + sum(r is not None for r in self.slot_row)
+
+    # -- scheduling
+    def _free_slots(self):
+        return [s for s in range(self.B) if self.slot_row[s] is None]
+
+    def _admit(self):
+        """Prefill as many waiting groups as free slots allow (FIFO), in one batched call."""
+        free = self._free_slots()
+        batch = []  # (group, src_slot, start, dest_slots)
+        reserved: set[int] = set()
+        while self._waiting and len(free) - len(reserved) >= self._waiting[0].req.n:
+            g = self._waiting.pop(0)
+            prompt = g.req.prompt
+            src, start = None, 0
+            if g.req.reuse_prefix:
+                best = 0
+                for s in free:
+                    if s in reserved:
+                        continue
+                    toks = self.slot_tokens[s]
+                    lcp = _common_prefix(toks, prompt)
+                    if lcp > best:
+                        best, src = lcp, s
+                start = min(best, len(prompt) - 1)
+            avail = [s for s in free if s not in reserved]
+            # prefer the source slot itself, then least recently used slots
+            avail.sort(key=lambda s: (s != src, self._slot_used[s]))
+            dest = avail[:g.req.n]
+            if src is None:
+                src = dest[0]
+            reserved.update(dest)
+            batch.append((g, src, start, dest))
+        if batch:
+            self._run_prefill(batch)
+
+    def _run_prefill(self, batch):
+        B, S = self.B, self.S
+        b_real = len(batch)
+        b = _bucket(b_real, 1, B)
+        L = _bucket(max(len(g.req.prompt) - start for g, _, start, _ in batch), 8, S)
+        tokens = np.zeros((b, L), np.int32)
+        start_b = np.zeros((b,), np.int32)
+        len_b = np.zeros((b,), np.int32)
+        src_b = np.zeros((b,), np.int32)
+        M = dict(dest=np.full((B,), B, np.int32), src=np.zeros((B,), np.int32), seed=np.zeros((B,), np.int32),
+                 rid=np.zeros((B,), np.int32), sidx=np.zeros((B,), np.int32), max_new=np.ones((B,), np.int32),
+                 temp=np.ones((B,), np.float32), top_k=np.zeros((B,), np.int32), top_p=np.ones((B,), np.float32),
+                 stop=np.full((B, MAX_STOP_IDS), -1, np.int32))
+        rows, k = [], 0
+        for i, (g, src, start, dest) in enumerate(batch):
+            r = g.req
+            suffix = r.prompt[start:]
+            tokens[i, :len(suffix)] = suffix
+            start_b[i], len_b[i], src_b[i] = start, len(suffix), src
+            g.prefilled = len(suffix)
+            self.prefill_tokens += len(suffix)
+            for j, s in enumerate(dest):
+                M["dest"][k], M["src"][k], M["seed"][k] = s, i, r.seed
+                M["rid"][k], M["sidx"][k], M["max_new"][k] = g.rid, j, r.max_new_tokens
+                M["temp"][k], M["top_k"][k], M["top_p"][k] = r.temperature, r.top_k, r.top_p
+                M["stop"][k, :len(r.stop_token_ids)] = list(r.stop_token_ids)
+                rows.append((k, i, g.rows[j], s, src, start, len(suffix)))
+                k += 1
+        use_filter = any(g.req.top_k > 0 or g.req.top_p < 1.0 for g, *_ in batch)
+        with self._lock:
+            params, version = self.params, self.version
+        self.cache, self.state, (tok, lp, raw, code, experts) = self._prefill(
+            params, self.cache, self.state, tokens, start_b, len_b, src_b, M["dest"], M["src"], M["seed"],
+            M["rid"], M["sidx"], M["max_new"], M["temp"], M["top_k"], M["top_p"], M["stop"],
+            use_filter=use_filter)
+        self.prefill_calls += 1
+        tok, lp, raw, code = (np.asarray(x) for x in (tok, lp, raw, code))
+        ex = None if experts is None else np.asarray(experts)  # [N, b, L, K]
+        # cache bookkeeping: every dest slot holds src's cached prefix + the prefilled suffix
+        old = {}
+        for _, i, row, s, src, start, n in rows:
+            if src not in old:
+                old[src] = (list(self.slot_tokens[src][:start]), list(self.slot_experts[src]))
+        for _, i, row, s, src, start, n in rows:
+            toks, exps = old[src]
+            self.slot_tokens[s] = toks + row.req.prompt[start:start + n]
+            prev = _cat(exps)[:start] if exps else None
+            new = None if ex is None else np.transpose(ex[:, i, :n], (1, 0, 2))
+            self.slot_experts[s] = [e for e in (prev, new) if e is not None]
+        for k, i, row, s, *_ in rows:
+            self.slot_row[s] = row
+            self._slot_used[s] = next(self._tick)
+            self._append(row, [int(tok[k])], [float(lp[k])], [float(raw[k])], version)
+            if code[k]:
+                row.reason = FINISH[int(code[k])]
+
+    def _append(self, row, toks, lps, raws, version):
+        row.tokens += toks
+        row.lps += lps
+        row.raws += raws
+        row.versions += [version] * len(toks)
+        self.generated_tokens += len(toks)
+
+    def step_chunk(self) -> int:
+        """Admit waiting requests, run one decode chunk, collect finished rows. Returns steps run."""
+        self._admit()
+        if not any(r is not None for r in self.slot_row):
+            return 0
+        use_filter = any(r is not None and (r.req.top_k > 0 or r.req.top_p < 1.0) for r in self.slot_row)
+        n_live = sum(r is not None for r in self.slot_row)
+        # with requests waiting, return as soon as a row frees its slot (continuous batching)
+        min_live = n_live if self._waiting else 0
+        with self._lock:
+            params, version = self.params, self.version
+        self.cache, self.state, n_steps, bufs = self._decode(params, self.cache, self.state, min_live,
+                                                             C=self.chunk, use_filter=use_filter)
+        n = int(n_steps)
+        self.decode_steps += n
+        h = {k: np.asarray(v[:n]) for k, v in bufs.items()}
+        for s in range(self.B):
+            row = self.slot_row[s]
+            if row is None:
+                continue
+            used, gen = h["used"][:, s], h["gen"][:, s]
+            if gen.any():
+                self._append(row, h["tok"][gen, s].tolist(), h["lp"][gen, s].tolist(),
+                             h["raw"][gen, s].tolist(), version)
+                codes = h["code"][gen, s]
+                if codes.any() and not row.reason:
+                    row.reason = FINISH[int(codes[codes > 0][0])]
+            n_used = int(used.sum())
+            if n_used:
+                have = len(self.slot_tokens[s]) - row.prompt_len
+                self.slot_tokens[s] += row.tokens[have:have + n_used]
+                if "experts" in h:
+                    self.slot_experts[s].append(h["experts"][used, :, s])
+            if row.req.stop_strings and row.reason != "stop_string":
+                self._check_stop_strings(row, s)
+            # finished once flushed: the slot caches prompt + every generated token
+            if row.reason and len(self.slot_tokens[s]) == row.prompt_len + len(row.tokens):
+                self._finish(row, s)
+        return n
+
+    def _check_stop_strings(self, row, s):
+        text_of = row.req.detokenize
+        if not any(x in text_of(row.tokens) for x in row.req.stop_strings):
+            return
+        j = len(row.tokens)
+        for j in range(1, len(row.tokens) + 1):  # shortest prefix containing a stop string
+            if any(x in text_of(row.tokens[:j]) for x in row.req.stop_strings):
+                break
+        self.generated_tokens -= len(row.tokens) - j
+        row.tokens, row.lps, row.raws, row.versions = (row.tokens[:j], row.lps[:j], row.raws[:j],
+                                                      row.versions[:j])
+        row.reason = "stop_string"
+        # rewind the slot to just before the last kept token; the next chunk flushes that token
+        pos_last = row.prompt_len + j - 1
+        self.slot_tokens[s] = self.slot_tokens[s][:pos_last]
+        if self.slot_experts[s]:
+            self.slot_experts[s] = [_cat(self.slot_experts[s])[:pos_last]]
+        st = self.state
+        self.state = st._replace(cur=st.cur.at[s].set(row.tokens[-1]), pos=st.pos.at[s].set(pos_last),
+                                 live=st.live.at[s].set(True), done=st.done.at[s].set(True))
+
+    def _finish(self, row, s):
+        row.finished = True
+        row.slot = s
+        row.expert_ids = _cat(self.slot_experts[s]) if self.slot_experts[s] else None
+        self.slot_row[s] = None
+        self._slot_used[s] = next(self._tick)
+        g = row.group
+        if all(r.finished for r in g.rows):
+            g.completions = [self._completion(r) for r in g.rows]
+
+    def _completion(self, row) -> Completion:
+        return Completion(
+            request_id=row.rid, sample_index=row.sample, tokens=list(row.tokens),
+            logprobs=np.asarray(row.lps, np.float32), raw_logprobs=np.asarray(row.raws, np.float32),
+            versions=np.asarray(row.versions, np.int32), expert_ids=row.expert_ids, finish_reason=row.reason,
+            prompt_len=row.prompt_len, prefilled=row.group.prefilled, slot=row.slot)
+
+    def run_until_done(self, rid: int | None = None, max_chunks: int | None = None) -> None:
+        """Step until every request (or request `rid`) is finished."""
+        k = 0
+        while self.pending() and (rid is None or not self.done(rid)):
+            self.step_chunk()
+            k += 1
+            if max_chunks is not None and k >= max_chunks:
+                return
+
+
+def _common_prefix(a, b) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def _cat(xs):
+    return xs[0] if len(xs) == 1 else np.concatenate(xs, 0)

@@ -1,0 +1,206 @@
+"""The pretraining / context-extension / SFT loop: data, model init (random, run checkpoint or
+HF import), jitted sharded step, evals, checkpoints with exact resume, metrics."""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import time
+
+import jax
+import numpy as np
+
+from c2jax import hf
+from c2jax.data.codebase import codebase_eval_arrays, iter_batches
+from c2jax.data.pipeline import load_corpus_and_tokenizer, make_sft_iterator, make_train_iterator
+from c2jax.data.tokenizer import Tokenizer
+from c2jax.models import flops_per_token, init_params, param_count
+from c2jax.parallel import activate, data_sharding, make_mesh, param_shardings
+from c2jax.train.checkpoint import Checkpointer, StopFlag, abstract_like
+from c2jax.train.metrics import MetricsWriter, Progress, measured_matmul_peak
+from c2jax.train.optimizer import make_optimizer
+from c2jax.train.step import BATCH_KEYS, init_state, make_eval_step, make_train_step, state_shardings
+
+log = logging.getLogger(__name__)
+
+
+class TrainingDiverged(RuntimeError):
+    """Too many non-finite steps in a row; the last good checkpoint is kept."""
+
+
+def _save_config(cfg, workdir):
+    with open(os.path.join(workdir, "config.json"), "w") as f:
+        f.write(cfg.to_json_best_effort(indent=2))
+
+
+def _is_hf_dir(path):
+    return os.path.exists(os.path.join(path, "config.json")) and (
+        os.path.exists(os.path.join(path, "model.safetensors"))
+        or os.path.exists(os.path.join(path, "model.safetensors.index.json")))
+
+
+def load_run_params(run_dir: str, cfg, shardings=None):
+    """Params of the latest checkpoint in a c2jax run directory."""
+    ckpt = Checkpointer(os.path.join(run_dir, "checkpoints"), every=1, keep=1000, async_save=False)
+    step = ckpt.latest_step()
+    if step is None:
+        raise FileNotFoundError(f"{run_dir}: no checkpoints to start from")
+    import orbax.checkpoint as ocp
+    shapes = jax.eval_shape(lambda: init_params(cfg, jax.random.key(0)))
+    if shardings is not None:
+        shapes = abstract_like(shapes, shardings)
+    restored = ckpt.manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.PyTreeRestore(item={"params": shapes}, partial_restore=True)))
+    ckpt.close()
+    return restored["state"]["params"]
+
+
+def initial_params(cfg, shardings):
+    """Random init, a previous run's latest checkpoint, or an HF import (train.init_from)."""
+    src = cfg.train.init_from
+    if not src:
+        init = jax.jit(lambda k: init_params(cfg, k), out_shardings=shardings)
+        return init(jax.random.key(cfg.seed))
+    if _is_hf_dir(src):
+        m, params = hf.load(src, shardings=shardings, dtype=cfg.model.param_dtype)
+        return params
+    return load_run_params(src, cfg, shardings)
+
+
+def _tokenizer_for(cfg, workdir):
+    """Reuse the tokenizer of init_from's run so token ids keep their meaning across stages."""
+    src = cfg.train.init_from
+    if src and os.path.exists(os.path.join(src, "tokenizer.json")) and not os.path.exists(
+            os.path.join(workdir, "tokenizer.json")):
+        shutil.copy(os.path.join(src, "tokenizer.json"), os.path.join(workdir, "tokenizer.json"))
+
+
+def evaluate(cfg, params, tokenizer, corpus, eval_step, dsh, batch_size, seq_len) -> dict:
+    """Held-out loss (corpus held-out split) and codebase perplexity (rolling windows)."""
+    out = {}
+    it = make_train_iterator(cfg.data, tokenizer, seq_len, batch_size, cfg.seed, split="heldout",
+                             num_epochs=1, shuffle=False, corpus=corpus)
+    nll = w = 0.0
+    for i, batch in enumerate(it):
+        if cfg.train.eval_batches and i >= cfg.train.eval_batches:
+            break
+        r = eval_step(params, {k: jax.device_put(batch[k], dsh) for k in BATCH_KEYS})
+        nll, w = nll + float(r["nll_sum"]), w + float(r["weight"])
+    if w:
+        out["heldout_loss"] = nll / w
+    arrays = codebase_eval_arrays(cfg.data, tokenizer, window=seq_len)
+    nll = w = 0.0
+    for batch in iter_batches(arrays, batch_size):
+        r = eval_step(params, {k: jax.device_put(batch[k], dsh) for k in BATCH_KEYS})
+        nll, w = nll + float(r["nll_sum"]), w + float(r["weight"])
+    if w:
+        out["codebase_loss"] = nll / w
+        out["codebase_ppl"] = math.exp(min(nll / w, 50.0))
+    return out
+
+
+def run_training(cfg, workdir: str) -> dict:
+    """Run (or resume) one training stage into workdir. Returns the final summary."""
+    os.makedirs(workdir, exist_ok=True)
+    t = cfg.train
+    _save_config(cfg, workdir)
+    _tokenizer_for(cfg, workdir)
+    corpus, tokenizer = load_corpus_and_tokenizer(cfg.data, workdir)
+    if tokenizer.vocab_size > cfg.model.vocab_size:
+        from c2jax.config import ConfigError
+        raise ConfigError(f"the tokenizer has {tokenizer.vocab_size} tokens but model.vocab_size="
+                          f"{cfg.model.vocab_size}; raise model.vocab_size or lower data.vocab_size")
+    mesh = make_mesh(cfg)
+    optimizer = make_optimizer(t)
+    with activate(cfg, mesh):
+        p_sh = param_shardings(cfg, mesh)
+        dsh = data_sharding(cfg, mesh)
+        params = initial_params(cfg, p_sh)
+        abstract = jax.eval_shape(lambda p: init_state(cfg, optimizer, p, cfg.seed), params)
+        st_sh = state_shardings(cfg, optimizer, mesh, p_sh, abstract)
+        state = jax.jit(lambda p: init_state(cfg, optimizer, p, cfg.seed), out_shardings=st_sh)(params)
+        del params
+        step_fn = make_train_step(cfg, optimizer, st_sh, dsh)
+        eval_step = make_eval_step(cfg)
+        ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), t.checkpoint_every, t.keep_checkpoints,
+                            t.async_checkpoint)
+        if t.stage == "sft":
+            if not cfg.data.sft_path:
+                from c2jax.config import ConfigError
+                raise ConfigError("train.stage='sft' needs data.sft_path (a JSONL of chats)")
+            it = make_sft_iterator(cfg.data.sft_path, tokenizer, t.seq_len, t.batch_size, cfg.seed)
+        else:
+            it = make_train_iterator(cfg.data, tokenizer, t.seq_len, t.batch_size, cfg.seed, corpus=corpus)
+        start = 0
+        if ckpt.latest_step() is not None:
+            state, data_state, _ = ckpt.restore(None, abstract_like(state, st_sh))
+            it.set_state(data_state["iterator"])
+            start = int(state["step"])
+            log.info("resumed from step %d", start)
+        writer = MetricsWriter(workdir)
+        stop = StopFlag().install()
+        peak = t.peak_flops or measured_matmul_peak()
+        fpt = flops_per_token(cfg, t.seq_len)
+        progress = Progress(t.steps, start)
+        bad_in_a_row, tokens_since, t_since = 0, 0.0, None
+        summary = {"params": param_count(cfg), "start_step": start}
+        if start == 0:
+            first = evaluate(cfg, state["params"], tokenizer, corpus, eval_step, dsh, t.batch_size, t.seq_len)
+            writer.write(0, {f"eval/{k}": v for k, v in first.items()})
+            summary["initial_eval"] = first
+        step = start
+        try:
+            while step < t.steps:
+                batch = next(it)
+                batch = {k: jax.device_put(np.asarray(batch[k]), dsh) for k in BATCH_KEYS}
+                state, metrics = step_fn(state, batch)
+                step += 1
+                metrics = jax.device_get(metrics)
+                if t_since is None:
+                    t_since = time.time()  # the first step includes compilation
+                else:
+                    tokens_since += t.batch_size * t.seq_len
+                bad_in_a_row = bad_in_a_row + 1 if metrics["skipped"] else 0
+                if bad_in_a_row >= t.max_bad_steps:
+                    ckpt.wait()
+                    raise TrainingDiverged(
+                        f"{bad_in_a_row} non-finite steps in a row at step {step}; the last good checkpoint "
+                        f"is step {ckpt.latest_step()} in {ckpt.directory}. Lower train.lr or check the data.")
+                if step % t.log_every == 0 or step == t.steps:
+                    elapsed = time.time() - t_since
+                    tps = tokens_since / elapsed if elapsed > 0 and tokens_since else 0.0
+                    metrics.update(tokens_per_s=tps, mfu=tps * fpt / peak if tps else 0.0,
+                                   lr=float(optimizer_lr(t, step)))
+                    writer.write(step, metrics)
+                    progress.update(step, loss=float(metrics["loss"]), tok_s=round(tps))
+                if t.eval_every and step % t.eval_every == 0 and step < t.steps:
+                    ev = evaluate(cfg, state["params"], tokenizer, corpus, eval_step, dsh, t.batch_size, t.seq_len)
+                    writer.write(step, {f"eval/{k}": v for k, v in ev.items()})
+                if not metrics["skipped"]:
+                    ckpt.save(step, state, {"iterator": it.get_state()}, {"step": step})
+                if stop:
+                    log.warning("SIGTERM: saving step %d and exiting", step)
+                    ckpt.save(step, state, {"iterator": it.get_state()}, {"step": step}, force=True)
+                    break
+            final = evaluate(cfg, state["params"], tokenizer, corpus, eval_step, dsh, t.batch_size, t.seq_len)
+            writer.write(step, {f"eval/{k}": v for k, v in final.items()})
+            summary.update(final_eval=final, final_step=step, stopped_early=bool(stop))
+            if step == t.steps:
+                ckpt.save(step, state, {"iterator": it.get_state()}, {"step": step}, force=True)
+        finally:
+            ckpt.close()
+            writer.close()
+            stop.restore()
+    with open(os.path.join(workdir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    return summary
+
+
+def optimizer_lr(t, step):
+    from c2jax.train.optimizer import learning_rate_schedule
+    return learning_rate_schedule(t)(step)
+
+
+__all__ = ["run_training", "TrainingDiverged", "load_run_params", "evaluate", "Tokenizer"]

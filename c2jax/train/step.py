@@ -1,0 +1,176 @@
+"""Loss and the jitted train step: cross-entropy on weighted targets, z-loss, MoE auxiliary
+losses, MTP self-distillation, gradient accumulation, non-finite skip, router-bias update.
+
+Letters: B batch, L length, V vocab, A microbatches, N MoE layers, E experts.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import NamedSharding, PartitionSpec
+
+from c2jax.models import forward, update_router_bias
+from c2jax.models.transformer import model_cfg
+
+BATCH_KEYS = ("inputs", "targets", "segment_ids", "positions", "loss_weights")
+
+
+def token_nll(logits_BLV, targets_BL):
+    """Per-token negative log-likelihood (float32) and logsumexp."""
+    logits = logits_BLV.astype(jnp.float32)
+    lse_BL = jax.nn.logsumexp(logits, axis=-1)
+    target_logit = jnp.take_along_axis(logits, targets_BL[..., None], axis=-1)[..., 0]
+    return lse_BL - target_logit, lse_BL
+
+
+def mtp_distill_loss(mtp_logits_DBLV, logits_BLV, loss_weights_BL, segment_ids_BL):
+    """Self-distillation of each MTP depth d to the main head's (detached) distribution at t+d,
+    the same next token; masked where t+d leaves the row or the segment. Returns (sum, weight)."""
+    total, weight = jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32)
+    teacher_all = jax.nn.softmax(jax.lax.stop_gradient(logits_BLV.astype(jnp.float32)), axis=-1)
+    for d in range(1, mtp_logits_DBLV.shape[0] + 1):
+        student = jax.nn.log_softmax(mtp_logits_DBLV[d - 1, :, :-d].astype(jnp.float32), axis=-1)
+        teacher = teacher_all[:, d:]
+        ce_BL = -jnp.sum(teacher * student, axis=-1)
+        w_BL = loss_weights_BL[:, d:] * (segment_ids_BL[:, :-d] == segment_ids_BL[:, d:])
+        total += jnp.sum(ce_BL * w_BL)
+        weight += jnp.sum(w_BL)
+    return total, weight
+
+
+def loss_terms(cfg, params, batch, forced_expert_ids=None):
+    """Sums (not means) of every loss term over one microbatch, plus router aux outputs."""
+    m = model_cfg(cfg)
+    out = forward(cfg, params, batch["inputs"], batch["positions"], batch["segment_ids"],
+                  forced_expert_ids=forced_expert_ids, return_aux=True)
+    w = batch["loss_weights"].astype(jnp.float32)
+    nll_BL, lse_BL = token_nll(out.logits, batch["targets"])
+    terms = {"nll_sum": jnp.sum(nll_BL * w), "weight": jnp.sum(w),
+             "z_sum": jnp.sum(jnp.square(lse_BL) * w)}
+    if "mtp_logits" in out.aux:
+        s, ww = mtp_distill_loss(out.aux["mtp_logits"], out.logits, w, batch["segment_ids"])
+        terms["mtp_sum"], terms["mtp_weight"] = s, ww
+    if "expert_load" in out.aux:
+        terms["lb_loss"] = jnp.mean(out.aux["load_balance_loss"])
+        terms["z_router"] = jnp.mean(out.aux["router_z_loss"])
+        terms["expert_load"] = out.aux["expert_load"]            # [N, E]
+        terms["dropped_fraction"] = jnp.mean(out.aux["dropped_fraction"])
+    del m
+    return terms
+
+
+def total_loss(cfg, terms, total_weight, num_micro):
+    """Combine summed terms into the scalar that is differentiated."""
+    t = cfg.train
+    m = model_cfg(cfg)
+    loss = terms["nll_sum"] / total_weight
+    if t.z_loss:
+        loss += t.z_loss * terms["z_sum"] / total_weight
+    if "mtp_sum" in terms:
+        loss += t.mtp_loss_weight * terms["mtp_sum"] / jnp.maximum(terms["mtp_weight"], 1.0) / num_micro
+    if "lb_loss" in terms:
+        loss += (m.load_balance_loss_weight * terms["lb_loss"] + m.router_z_loss_weight * terms["z_router"]
+                 ) / num_micro
+    return loss
+
+
+def _tree_all_finite(tree):
+    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]
+    return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
+
+
+def _apply_bias_update(cfg, params, expert_load_NE):
+    m = model_cfg(cfg)
+    if not (m.router_bias and m.bias_update_rate > 0) or "moe_layers" not in params:
+        return params
+    moe = params["moe_layers"]["block"]["moe"]
+    new_bias = jax.vmap(lambda b, l: update_router_bias(b, l, m.bias_update_rate))(moe["router_bias"], expert_load_NE)
+    moe = {**moe, "router_bias": new_bias}
+    block = {**params["moe_layers"]["block"], "moe": moe}
+    return {**params, "moe_layers": {**params["moe_layers"], "block": block}}
+
+
+def train_step(cfg, optimizer, state, batch):
+    """One optimizer step over `batch` (global batch, split into cfg.train.grad_accum microbatches).
+    Non-finite loss or gradients leave params and optimizer state unchanged (counted in metrics)."""
+    A = cfg.train.grad_accum
+    total_weight = jnp.maximum(jnp.sum(batch["loss_weights"].astype(jnp.float32)), 1.0)
+    micro = jax.tree.map(lambda x: x.reshape((A, x.shape[0] // A) + x.shape[1:]), batch)
+
+    def micro_grad(carry, mb):
+        grads_acc, = carry
+        def f(p):
+            terms = loss_terms(cfg, p, mb)
+            return total_loss(cfg, terms, total_weight, A), terms
+        (loss, terms), grads = jax.value_and_grad(f, has_aux=True)(state["params"])
+        grads_acc = jax.tree.map(jnp.add, grads_acc, grads)
+        return (grads_acc,), (loss, terms)
+
+    zeros = jax.tree.map(jnp.zeros_like, state["params"])
+    if A == 1:
+        (grads,), (loss, terms) = micro_grad((zeros,), jax.tree.map(lambda x: x[0], micro))
+        losses, terms_all = loss[None], jax.tree.map(lambda x: x[None], terms)
+    else:
+        (grads,), (losses, terms_all) = jax.lax.scan(micro_grad, (zeros,), micro)
+    loss = jnp.sum(losses)
+    finite = jnp.isfinite(loss) & _tree_all_finite(grads)
+    updates, new_opt = optimizer.update(grads, state["opt_state"], state["params"])
+    new_params = optax.apply_updates(state["params"], updates)
+    if "expert_load" in terms_all:
+        new_params = _apply_bias_update(cfg, new_params, jnp.sum(terms_all["expert_load"], axis=0))
+    keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)  # noqa: E731
+    new_state = {"params": keep(new_params, state["params"]), "opt_state": keep(new_opt, state["opt_state"]),
+                 "step": state["step"] + 1, "rng": jax.random.fold_in(state["rng"], state["step"])}
+    nll = jnp.sum(terms_all["nll_sum"]) / total_weight
+    metrics = {"loss": loss, "nll": nll, "grad_norm": optax.global_norm(grads),
+               "param_norm": optax.global_norm(state["params"]), "skipped": (~finite).astype(jnp.int32),
+               "tokens": total_weight}
+    if "expert_load" in terms_all:
+        metrics["expert_load"] = jnp.sum(terms_all["expert_load"], axis=0)
+        metrics["dropped_fraction"] = jnp.mean(terms_all["dropped_fraction"])
+        metrics["load_balance_loss"] = jnp.mean(terms_all["lb_loss"])
+    if "mtp_sum" in terms_all:
+        metrics["mtp_loss"] = jnp.sum(terms_all["mtp_sum"]) / jnp.maximum(jnp.sum(terms_all["mtp_weight"]), 1.0)
+    return new_state, metrics
+
+
+def eval_terms(cfg, params, batch):
+    """Summed NLL and weight for held-out evaluation."""
+    out = forward(cfg, params, batch["inputs"], batch["positions"], batch["segment_ids"])
+    w = batch["loss_weights"].astype(jnp.float32)
+    nll, _ = token_nll(out, batch["targets"])
+    return {"nll_sum": jnp.sum(nll * w), "weight": jnp.sum(w)}
+
+
+def init_state(cfg, optimizer, params, seed: int):
+    """Train state dict: params, optimizer state, step, rng."""
+    return {"params": params, "opt_state": optimizer.init(params), "step": jnp.zeros((), jnp.int32),
+            "rng": jax.random.key_data(jax.random.key(seed))}
+
+
+def state_shardings(cfg, optimizer, mesh, param_shardings_tree, abstract_state):
+    """Shardings of the whole train state: optimizer moments follow their params."""
+    replicated = NamedSharding(mesh, PartitionSpec())
+    opt = optax.tree_utils.tree_map_params(
+        optimizer, lambda _, s: s, abstract_state["opt_state"], param_shardings_tree,
+        transform_non_params=lambda _: replicated, is_leaf=lambda x: isinstance(x, NamedSharding))
+    return {"params": param_shardings_tree, "opt_state": opt, "step": replicated, "rng": replicated}
+
+
+def make_train_step(cfg, optimizer, shardings=None, data_sharding=None) -> Any:
+    """The jitted train step (state donated). With shardings, state and batch are laid out on the
+    mesh (FSDP by the logical rules)."""
+    fn = functools.partial(train_step, cfg, optimizer)
+    if shardings is None:
+        return jax.jit(fn, donate_argnums=(0,))
+    batch_sh = {k: data_sharding for k in BATCH_KEYS}
+    return jax.jit(fn, in_shardings=(shardings, batch_sh), out_shardings=(shardings, None), donate_argnums=(0,))
+
+
+def make_eval_step(cfg) -> Any:
+    """The jitted eval step."""
+    return jax.jit(functools.partial(eval_terms, cfg))
