@@ -226,6 +226,10 @@ def run_episode(task, policy: Policy, tokenizer=None, sandbox=None, config: Epis
     ws = Workspace.create(task, sandbox=sandbox)
     ctx = tl.ToolContext(root=ws.path, sandbox=sandbox, uid=ws.uid,
                          max_output_chars=config.max_tool_output_chars, run_timeout_s=config.run_timeout_s)
+    visible = task_attr(task, "visible_test_command") or (task_attr(task, "metadata") or {}).get(
+        "visible_test_command")
+    if visible:  # run_tests runs the task's own visible test command instead of pytest
+        ctx.test_command = tuple(visible)
     state = EpisodeState(task, policy, codec, config, stats)
     all_calls: list[dict] = []
     final_message = ""

@@ -1,0 +1,1 @@
+"""Benchmark runner and reports: c2jax.evals.benchmark.run_benchmark / main_eval."""

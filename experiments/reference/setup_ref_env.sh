@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Creates the PyTorch / Hugging Face reference environment (.venv-ref, gitignored).
+# It is separate from the JAX environment: the JAX tests never import torch.
+# torch is installed FIRST from the local CPU wheel (pip find-links /opt/wheels), so that
+# transformers' dependency resolution does not pull a multi-GB CUDA torch from PyPI.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+PY="${PY311:-/root/.pyenv/versions/3.11.7/bin/python3.11}"
+VENV="$ROOT/.venv-ref"
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PY" -m venv "$VENV"
+fi
+"$VENV/bin/python" -m pip install --upgrade pip >/dev/null || true
+"$VENV/bin/python" -m pip install "torch==2.13.0"
+# Refuse to continue if torch is a CUDA build (would mean the CPU wheel was not used).
+"$VENV/bin/python" - <<'PY'
+import torch, sys
+print("torch", torch.__version__, "cuda build:", torch.version.cuda)
+sys.exit(1 if torch.version.cuda else 0)
+PY
+"$VENV/bin/python" -m pip install "transformers==5.23.0" safetensors numpy
+"$VENV/bin/python" -c "import torch, transformers, safetensors, numpy; print('ok torch', torch.__version__, 'transformers', transformers.__version__, 'numpy', numpy.__version__)"
