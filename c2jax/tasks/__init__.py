@@ -4,6 +4,15 @@
   "synthetic" (kw level=1|2|3, or name "synthetic:2"), "stdlib_bugs", "humaneval", "behaviour".
 Other issues add suites with `register_suite(name, loader)`; a loader is
 `loader(split, n, seed, **kw) -> list[Task]`, deterministic in its arguments.
+
+Splits never share a task: synthetic and behaviour tasks are assigned by a hash of their
+content (~20% heldout), HumanEval by problem id (~20%), stdlib bugs by module.
+
+Also here: `suite_stats(tasks)` (median prompt chars / reference lines changed per suite),
+`validate_task(task, run=local_run)` (reference passes, unmodified and bad outcomes fail;
+see c2jax.tasks.validate, also `python -m c2jax.tasks.validate SUITE [SPLIT] [N] [SEED]`),
+and the behaviour graders as plain functions in c2jax.tasks.behaviour (check_* and
+`behaviour_reward_terms`) for RL rewards.
 """
 from __future__ import annotations
 

@@ -198,7 +198,7 @@ class Task:
 def _give_to_workspace_owner(workspace_path: Path, hidden: Path) -> None:
     """As root, hand the hidden-test dir to the workspace's owner (the sandbox uid), so the
     tests can write caches and scratch files next to themselves."""
-    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+    if not hasattr(os, "geteuid") or os.geteuid() != 0 or not hidden.exists():
         return
     st = workspace_path.stat()
     if st.st_uid == 0:

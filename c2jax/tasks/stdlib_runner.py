@@ -9,8 +9,9 @@ time to `.c2jax_hidden/run_tests.py` next to the test file. It
      module, and every function the test file took from it, must come from the task root;
   3. runs the selected tests (all when `select` is None) through one TestSuite (class and
      module fixtures still run) and records pass/fail/error/skip per test id;
-  4. prints `C2JAX_REPORT <nonce> {id: outcome}` and, iff the shadowing held and every
-     selected test passed or skipped, `C2JAX_ALL_PASSED <nonce>`; exits 0 in that case only.
+  4. prints, iff the shadowing held and every selected test passed or skipped,
+     `C2JAX_ALL_PASSED <nonce>` (exit 0 in that case only), then
+     `C2JAX_REPORT <nonce> {id: outcome}` (the verdict comes first: capped stdout keeps the head).
 With `--messages` it also prints `C2JAX_MESSAGES <nonce> {id: last traceback line}`.
 """
 from __future__ import annotations
@@ -47,12 +48,13 @@ out = sys.__stdout__
 
 
 def report(outcomes, shadow_ok, messages=None):
-    print("C2JAX_REPORT " + NONCE + " " + json.dumps(outcomes, sort_keys=True), file=out)
-    if messages is not None:
-        print("C2JAX_MESSAGES " + NONCE + " " + json.dumps(messages, sort_keys=True), file=out)
+    # the verdict first: a sandbox that caps stdout keeps the head
     ok = shadow_ok and all(v in ("pass", "skip") for v in outcomes.values())
     if ok:
         print("C2JAX_ALL_PASSED " + NONCE, file=out)
+    print("C2JAX_REPORT " + NONCE + " " + json.dumps(outcomes, sort_keys=True), file=out)
+    if messages is not None:
+        print("C2JAX_MESSAGES " + NONCE + " " + json.dumps(messages, sort_keys=True), file=out)
     out.flush()
     if SCRATCH:
         import shutil

@@ -347,11 +347,206 @@ def _level23(rng: random.Random, level: int) -> Task:
     return _task(level, prompt, files, "\n".join(tests), ref, meta)
 
 
+# ---------------------------------------------------------------- class / parser scenarios
+# A helper module with a small class or parser, and a function in another module that uses it.
+# Slots {S0}, {S1}... hold tokens: (good, bads) per slot; one slot gets a wrong token.
+
+@dataclasses.dataclass(frozen=True)
+class Scenario:
+    key: str
+    module: str
+    helper_src: str
+    slots: tuple[tuple[str, tuple[str, ...]], ...]
+    exports: str
+    main_src: str                  # defines {main}; uses the exported names
+    main_names: tuple[str, ...]
+    inputs: str                    # generator name in _scenario_inputs
+
+
+SCENARIOS: tuple[Scenario, ...] = (
+    Scenario("stack", "structures", (
+        "class Stack:\n"
+        "    def __init__(self):\n        self.items = []\n\n"
+        "    def push(self, item):\n        self.items.append(item)\n\n"
+        "    def pop(self):\n        return self.items.pop({S0})\n\n"
+        "    def peek(self):\n        return self.items[{S1}]\n\n"
+        "    def size(self):\n        return len(self.items)\n"),
+        (("", ("0",)), ("-1", ("0",))), "Stack",
+        "def {main}(words):\n    stack = Stack()\n    for w in words:\n        stack.push(w)\n"
+        "    top = stack.peek()\n    out = [stack.pop() for _ in range(stack.size())]\n    return top, out\n",
+        ("reverse_words", "unstack", "last_first"), "words"),
+    Scenario("queue", "structures", (
+        "class Queue:\n"
+        "    def __init__(self):\n        self.items = []\n\n"
+        "    def enqueue(self, item):\n        self.items.append(item)\n\n"
+        "    def dequeue(self):\n        return self.items.pop({S0})\n\n"
+        "    def is_empty(self):\n        return len(self.items) {S1} 0\n"),
+        (("0", ("",)), ("==", ("!=",))), "Queue",
+        "def {main}(jobs):\n    queue = Queue()\n    for job in jobs:\n        queue.enqueue(job)\n"
+        "    done = []\n    while not queue.is_empty():\n        done.append(queue.dequeue())\n    return done\n",
+        ("run_jobs", "process_in_order", "drain"), "words"),
+    Scenario("inventory", "inventory", (
+        "class Inventory:\n"
+        "    def __init__(self):\n        self.stock = {}\n\n"
+        "    def add(self, name, qty):\n        self.stock[name] = self.stock.get(name, 0) {S0} qty\n\n"
+        "    def remove(self, name, qty):\n"
+        "        if self.stock.get(name, 0) {S1} qty:\n            return False\n"
+        "        self.stock[name] -= qty\n        return True\n\n"
+        "    def count(self, name):\n        return self.stock.get(name, {S2})\n"),
+        (("+", ("-",)), ("<", (">", "<=")), ("0", ("1",))), "Inventory",
+        "def {main}(orders):\n    inv = Inventory()\n    results = []\n    for kind, name, qty in orders:\n"
+        "        if kind == 'add':\n            inv.add(name, qty)\n        else:\n"
+        "            results.append(inv.remove(name, qty))\n"
+        "    return results, {n: inv.count(n) for n in ('apple', 'pear', 'fig')}\n",
+        ("apply_orders", "process_orders", "update_stock"), "orders"),
+    Scenario("parser", "parser", (
+        "def evaluate(expr):\n"
+        "    tokens = expr.split()\n"
+        "    total = int(tokens[{S0}])\n"
+        "    for i in range(1, len(tokens), 2):\n"
+        "        op, num = tokens[i], int(tokens[i + 1])\n"
+        "        if op == '+':\n            total {S1}= num\n"
+        "        else:\n            total -= num\n"
+        "    return total\n"),
+        (("0", ("1",)), ("+", ("-",))), "evaluate",
+        "def {main}(lines):\n    return [evaluate(line) for line in lines]\n",
+        ("evaluate_all", "run_sums", "calc_lines"), "exprs"),
+    Scenario("counter", "counting", (
+        "def count_words(text):\n"
+        "    counts = {}\n"
+        "    for word in text.{S0}():\n"
+        "        counts[word] = counts.get(word, 0) + {S1}\n"
+        "    return counts\n\n\n"
+        "def most_common(counts):\n"
+        "    return {S2}(counts, key=lambda w: (counts[w], w))\n"),
+        (("split", ("strip",)), ("1", ("2",)), ("max", ("min",))), "count_words, most_common",
+        "def {main}(texts):\n    return [most_common(count_words(t)) for t in texts]\n",
+        ("top_words", "summarize_texts", "headline_words"), "texts"),
+)
+
+
+def _scenario_inputs(kind: str, rng: random.Random) -> tuple:
+    words = ["alpha", "beta", "gamma", "delta", "omega", "kappa", "sigma", "zeta"]
+    if kind == "words":
+        return (rng.sample(words, rng.randint(2, 4)),)
+    if kind == "orders":
+        out = []
+        for _ in range(rng.randint(2, 5)):
+            kind_ = rng.choice(["add", "add", "remove"])
+            out.append((kind_, rng.choice(["apple", "pear", "fig"]), rng.randint(1, 5)))
+        return (out,)
+    if kind == "exprs":
+        def expr():
+            parts = [str(rng.randint(1, 9))]
+            for _ in range(rng.randint(1, 3)):
+                parts += [rng.choice("+-"), str(rng.randint(1, 9))]
+            return " ".join(parts)
+        return ([expr() for _ in range(rng.randint(1, 3))],)
+    if kind == "texts":
+        def text():
+            return " ".join(rng.choice(words[:4]) for _ in range(rng.randint(3, 6)))
+        return ([text() for _ in range(rng.randint(1, 2))],)
+    raise KeyError(kind)
+
+
+def _scenario_source(sc: Scenario, tokens: list[str]) -> str:
+    src = sc.helper_src
+    for i, tok in enumerate(tokens):
+        src = src.replace(f"{{S{i}}}", tok)
+    return src
+
+
+def _scenario_call(sc: Scenario, tokens: list[str], main: str, args: tuple):
+    ns: dict = {}
+    exec(_scenario_source(sc, tokens) + "\n\n" + sc.main_src.replace("{main}", main), ns)  # noqa: S102 -- our own code
+    try:
+        return ns[main](*args)
+    except Exception as e:  # noqa: BLE001
+        return f"<{type(e).__name__}>"
+
+
+def _scenario_bug(sc: Scenario, rng: random.Random, main: str):
+    """(buggy tokens, good tokens, cases exposing the bug first)."""
+    good = [g for g, _ in sc.slots]
+    for _ in range(20):
+        slot = rng.randrange(len(sc.slots))
+        bad = list(good)
+        bad[slot] = rng.choice(sc.slots[slot][1])
+        exposing, others = [], []
+        for _ in range(60):
+            args = _scenario_inputs(sc.inputs, rng)
+            want = _scenario_call(sc, good, main, args)
+            if isinstance(want, str) and want.startswith("<"):
+                continue
+            if _scenario_call(sc, bad, main, args) != want:
+                exposing.append(args)
+            else:
+                others.append(args)
+            if len(exposing) >= 2 and len(exposing) + len(others) >= 3:
+                break
+        if exposing:
+            return bad, good, (exposing + others)[:3], slot
+    raise RuntimeError(f"scenario {sc.key}: no exposing input")
+
+
+def _level23_scenario(rng: random.Random, level: int) -> Task:
+    pkg, path_of, mod_of = _layout(rng)
+    sc = rng.choice(SCENARIOS)
+    main_mod = rng.choice(_MAIN_MODS)
+    main = rng.choice(sc.main_names)
+    bad, good, cases, slot = _scenario_bug(sc, rng, main)
+    files: dict[str, str] = {}
+    if pkg:
+        files[f"{pkg}/__init__.py"] = ""
+    spath = path_of(sc.module)
+    files[spath] = _scenario_source(sc, bad)
+    main_src = f"from {mod_of(sc.module)} import {sc.exports}\n\n\n" + sc.main_src.replace("{main}", main)
+    ref = [minimal_edit(spath, files[spath], _scenario_source(sc, good))]
+    got = _scenario_call(sc, bad, main, cases[0])
+    want = _scenario_call(sc, good, main, cases[0])
+    symptoms = [_symptom(_fmt_call(main, cases[0]), got, want)]
+    tests = [f"from {mod_of(main_mod)} import {main}"]
+    tests += [f"assert _same({_fmt_call(main, a)}, {_scenario_call(sc, good, main, a)!r}), "
+              f"{main + ' is wrong'!r}" for a in cases]
+    bug_files = [spath]
+    templates = [f"scenario:{sc.key}:{slot}"]
+    if level == 3:  # a second bug in a function-helper module used by a second entry point
+        used: set[str] = set()
+        h1 = rng.choice(_HELPER_MODS)
+        helpers = [_pick_fn(rng, used) for _ in range(2)]
+        target = rng.choice(helpers)
+        tbad = rng.choice(target.template.bads)
+        hpath = path_of(h1)
+        files[hpath] = _helper_module(helpers, (target, tbad))
+        cname = f"batch_{target.name}"
+        main_src = (f"from {mod_of(h1)} import {target.name}\n" + main_src + "\n\n" + _wrapper(target, cname))
+        fcases = _cases(target, tbad, rng, n=3)
+        arg = _wrapper_arg(target, fcases)
+        symptoms.append(_symptom(f"{cname}({arg!r})", _wrapper_expect(target, tbad, fcases),
+                                 _wrapper_expect(target, None, fcases)))
+        tests.append(f"from {mod_of(main_mod)} import {cname}")
+        tests.append(f"assert _same({cname}({arg!r}), {_wrapper_expect(target, None, fcases)!r})")
+        ref.append(minimal_edit(hpath, files[hpath], _helper_module(helpers, None)))
+        bug_files.append(hpath)
+        templates.append(target.template.key)
+    files[path_of(main_mod)] = main_src
+    if rng.random() < 0.5:
+        used2: set[str] = set()
+        files[path_of("misc")] = _helper_module([_pick_fn(rng, used2) for _ in range(2)], None)
+    main_path = path_of(main_mod)
+    prompt = f"In {main_path}: " + "; and ".join(symptoms) + ". Please fix."
+    meta = {"variant": "scenario" if level == 2 else "two_bugs", "mutation": "scenario_slot",
+            "bug_files": bug_files, "named_file": main_path, "templates": templates}
+    return _task(level, prompt, files, "\n".join(tests), ref, meta)
+
+
 def generate_one(level: int, seed: int, index: int) -> Task:
     rng = random.Random(stable_hash("synthetic", level, seed, index))
     if level == 1:
         return _level1(rng)
     if level in (2, 3):
+        if rng.random() < 0.4:  # a class or parser module instead of plain functions
+            return _level23_scenario(rng, level)
         return _level23(rng, level)
     raise ValueError(f"synthetic level must be 1, 2 or 3, got {level}")
 
