@@ -128,12 +128,17 @@ def grouped_dispatch(x_TD, ids_TK, weights_TK, w_gate, w_up, w_down, quant="none
     return out.astype(x_TD.dtype), jnp.zeros((), jnp.float32)
 
 
+MIN_DROPLESS_CAPACITY = 64
+
+
 def capacity_dispatch(x_TD, ids_TK, weights_TK, w_gate, w_up, w_down, capacity_factor):
     """Capacity-based: gather each expert's first C assignments into [E, C, D] by index, batched
     einsum, gather back; assignments past capacity are dropped (their fraction is returned)."""
     T, K = ids_TK.shape
     E = w_gate.shape[0]
-    cap = max(1, int(math.ceil(capacity_factor * T * K / E)))
+    # Small token counts (decode steps) get cap = T: dropless, so decoding stays exact and
+    # batch-invariant; large ones get the configured factor.
+    cap = min(T, max(int(math.ceil(capacity_factor * T * K / E)), MIN_DROPLESS_CAPACITY))
     order_A, group_sizes_E = sort_assignments(ids_TK, E)
     flat_A = ids_TK.reshape(-1)
     starts_E = jnp.cumsum(group_sizes_E) - group_sizes_E
@@ -150,7 +155,7 @@ def capacity_dispatch(x_TD, ids_TK, weights_TK, w_gate, w_up, w_down, capacity_f
     y_flat = jnp.concatenate([y_ECD.reshape(E * cap, -1), jnp.zeros((1, y_ECD.shape[-1]), y_ECD.dtype)])
     y_TKD = (y_flat[slot_A] * keep_A[:, None]).reshape(T, K, -1)
     out = jnp.einsum("tkd,tk->td", y_TKD.astype(jnp.float32), weights_TK.astype(jnp.float32))
-    dropped = 1.0 - jnp.mean(keep_A.astype(jnp.float32))
+    dropped = jnp.mean((~keep_A).astype(jnp.float32))  # exactly 0 when nothing is dropped
     return out.astype(x_TD.dtype), dropped
 
 
