@@ -17,6 +17,11 @@ COMMANDS = {
 }
 
 
+# Exceptions whose message tells the user what to do; printed without a traceback.
+USER_ERRORS = {"PipelineError", "CorpusError", "CheckpointError", "TrainingDiverged", "FileNotFoundError",
+               "SandboxUnavailable", "TaskError"}
+
+
 def _parse(argv):
     parser = argparse.ArgumentParser(prog="python -m c2jax", description="c2jax: the Composer 2 recipe in JAX")
     parser.add_argument("command", choices=sorted(COMMANDS), help="; ".join(f"{k}: {v}" for k, v in COMMANDS.items()))
@@ -60,4 +65,9 @@ def main(argv=None) -> int:
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
+    except Exception as e:  # user-facing failures get one clear line, not a traceback
+        if type(e).__name__ in USER_ERRORS:
+            print(f"error ({type(e).__name__}): {e}", file=sys.stderr)
+            return 2
+        raise
     return 1

@@ -100,6 +100,27 @@ def _gather_len(x):
     return jax.lax.all_gather(x, CONTEXT, axis=1, tiled=True)
 
 
+def _query_chunks(length: int) -> int:
+    """Number of query chunks (config.mesh.attention_chunk; 1 = one block)."""
+    chunk = int(parallel_setting("attention_chunk", 0))
+    if chunk <= 0 or chunk >= length:
+        return 1
+    if length % chunk:
+        raise ConfigError(f"mesh.attention_chunk={chunk} must divide the per-rank sequence length {length}")
+    return length // chunk
+
+
+def _map_query_chunks(fn, n: int, *q_args):
+    """fn over n chunks of the length dim (axis 1) of q_args; each chunk is rematerialized in the
+    backward pass, so only one chunk's logits are live at a time."""
+    if n == 1:
+        return fn(*q_args)
+    split = lambda x: jnp.moveaxis(x.reshape(x.shape[0], n, x.shape[1] // n, *x.shape[2:]), 1, 0)  # noqa: E731
+    out = jax.lax.map(jax.checkpoint(lambda a: fn(*a)), tuple(split(x) for x in q_args))
+    merge = lambda y: jnp.moveaxis(y, 0, 1).reshape(y.shape[1], -1, *y.shape[3:])  # noqa: E731
+    return jax.tree.map(merge, out)
+
+
 # ----------------------------------------------------------------------------- MLA
 
 
@@ -120,7 +141,9 @@ def mla_context_attention(q_nope_BLHN, q_rope_BLHR, latent_BLC, k_rope_BLR, kv_b
         b, S = kv.shape[:2]
         k = jnp.concatenate([kv[..., :N], jnp.broadcast_to(k_rope_S[:, :, None], (b, S, H, k_rope_S.shape[-1]))], -1)
         q = jnp.concatenate([q_nope, q_rope], -1)
-        return dot_product_attention(q, k, kv[..., N:], _mask(pos, pos_S, seg, seg_S), scale)
+        v = kv[..., N:]
+        return _map_query_chunks(lambda qc, pc, sc: dot_product_attention(qc, k, v, _mask(pc, pos_S, sc, seg_S), scale),
+                                 _query_chunks(q.shape[1]), q, pos, seg)
 
     tok = lambda n: _spec(b_axes, l_axes, n)  # noqa: E731
     fn = jax.shard_map(body, in_specs=(tok(2), tok(2), tok(1), tok(1), P(), tok(0), tok(0)),
@@ -134,31 +157,39 @@ def mla_context_attention(q_nope_BLHN, q_rope_BLHR, latent_BLC, k_rope_BLR, kv_b
 
 def _ring_attention(q, k, v, pos, seg, scale):
     """Local queries [b, Lc, H, P] against K/V blocks rotated around the context ring; online
-    softmax in float32. Every rank's block visits every rank once (cp steps)."""
+    softmax in float32. Every rank's block visits every rank once (cp steps). With
+    mesh.attention_chunk, each step updates the queries chunk by chunk."""
     cp = context_size()  # static: read from the mesh at trace time
     b, Lc, H, Pd = q.shape
-    G = k.shape[2]
-    qg = q.reshape(b, Lc, G, H // G, Pd)
-    m = jnp.full((b, G, H // G, Lc), NEG_INF, jnp.float32)
-    den = jnp.zeros((b, G, H // G, Lc), jnp.float32)
-    acc = jnp.zeros((b, G, H // G, Lc, v.shape[-1]), jnp.float32)
+    G, O = k.shape[2], v.shape[-1]
+    n = _query_chunks(Lc)
+    m = jnp.full((b, Lc, G, H // G), NEG_INF, jnp.float32)
+    den = jnp.zeros((b, Lc, G, H // G), jnp.float32)
+    acc = jnp.zeros((b, Lc, G, H // G, O), jnp.float32)
     perm = [(i, (i + 1) % cp) for i in range(cp)]
     k_blk, v_blk, kpos, kseg = k, v, pos, seg
-    for step in range(cp):
-        logits = jnp.einsum("blgrp,bsgp->bgrls", qg, k_blk, preferred_element_type=jnp.float32) * scale
-        mask = _mask(pos, kpos, seg, kseg)
-        logits = jnp.where(mask[:, None, None], logits, NEG_INF)
+
+    def update(qc, pc, sc, m, den, acc, k_blk, v_blk, kpos, kseg):
+        qg = qc.reshape(qc.shape[0], qc.shape[1], G, H // G, Pd)
+        logits = jnp.einsum("blgrp,bsgp->blgrs", qg, k_blk, preferred_element_type=jnp.float32) * scale
+        mask = _mask(pc, kpos, sc, kseg)
+        logits = jnp.where(mask[:, :, None, None], logits, NEG_INF)
         m_new = jnp.maximum(m, jnp.max(logits, axis=-1))
         corr = jnp.exp(m - m_new)
         p = jnp.exp(logits - m_new[..., None])
         den = den * corr + jnp.sum(p, axis=-1)
-        acc = acc * corr[..., None] + jnp.einsum("bgrls,bsgo->bgrlo", p.astype(v_blk.dtype), v_blk,
+        acc = acc * corr[..., None] + jnp.einsum("blgrs,bsgo->blgro", p.astype(v_blk.dtype), v_blk,
                                                  preferred_element_type=jnp.float32)
-        m = m_new
+        return m_new, den, acc
+
+    for step in range(cp):
+        kv_blk = (k_blk, v_blk, kpos, kseg)
+        m, den, acc = _map_query_chunks(lambda qc, pc, sc, mc, dc, ac: update(qc, pc, sc, mc, dc, ac, *kv_blk),
+                                        n, q, pos, seg, m, den, acc)
         if step + 1 < cp:
-            k_blk, v_blk, kpos, kseg = jax.lax.ppermute((k_blk, v_blk, kpos, kseg), CONTEXT, perm)
+            k_blk, v_blk, kpos, kseg = jax.lax.ppermute(kv_blk, CONTEXT, perm)
     out = acc / den[..., None]
-    return out.transpose(0, 3, 1, 2, 4).reshape(b, Lc, H, v.shape[-1]).astype(q.dtype)
+    return out.reshape(b, Lc, H, O).astype(q.dtype)
 
 
 def gqa_context_attention(q_BLHP, k_BLGP, v_BLGO, positions_BL, segment_ids_BL, scale: float,
@@ -175,7 +206,9 @@ def gqa_context_attention(q_BLHP, k_BLGP, v_BLGO, positions_BL, segment_ids_BL, 
         if impl == "ring":
             return _ring_attention(q, k, v, pos, seg, scale)
         pos_S, seg_S = _gather_len(pos), _gather_len(seg)
-        return dot_product_attention(q, _gather_len(k), _gather_len(v), _mask(pos, pos_S, seg, seg_S), scale)
+        k_S, v_S = _gather_len(k), _gather_len(v)
+        return _map_query_chunks(lambda qc, pc, sc: dot_product_attention(qc, k_S, v_S, _mask(pc, pos_S, sc, seg_S), scale),
+                                 _query_chunks(q.shape[1]), q, pos, seg)
 
     tok = lambda n: _spec(b_axes, l_axes, n)  # noqa: E731
     fn = jax.shard_map(body, in_specs=(tok(2), tok(2), tok(2), tok(0), tok(0)), out_specs=tok(2))

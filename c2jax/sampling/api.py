@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -52,14 +52,14 @@ def generate(cfg, params, prompts: Sequence[Sequence[int]], max_new_tokens: int 
             for i, p in enumerate(prompts)]
     sampler.run_until_done()
     comps = [sampler.results(r) for r in rids]
-    pick = lambda f: [[f(c) for c in cs] for cs in comps]  # noqa: E731
+    pick = lambda f: [[f(c) for c in cs] for cs in comps]
     return GenerateOutput(
         tokens=pick(lambda c: c.tokens), logprobs=pick(lambda c: c.logprobs),
         raw_logprobs=pick(lambda c: c.raw_logprobs), versions=pick(lambda c: c.versions),
         expert_ids=pick(lambda c: c.expert_ids), finish_reason=pick(lambda c: c.finish_reason),
         completions=comps,
-        stats=dict(prefill_tokens=sampler.prefill_tokens, decode_steps=sampler.decode_steps,
-                   generated_tokens=sampler.generated_tokens))
+        stats={"prefill_tokens": sampler.prefill_tokens, "decode_steps": sampler.decode_steps,
+                   "generated_tokens": sampler.generated_tokens})
 
 
 def _round_up(x: int, k: int) -> int:
@@ -80,8 +80,8 @@ class HarnessSampler:
     def __init__(self, sampler: Sampler, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
                  stop_token_ids: Sequence[int] = (), seed: int = 0):
         self.sampler = sampler
-        self.defaults = dict(temperature=temperature, top_p=top_p, top_k=top_k,
-                             stop_token_ids=tuple(stop_token_ids))
+        self.defaults = {"temperature": temperature, "top_p": top_p, "top_k": top_k,
+                             "stop_token_ids": tuple(stop_token_ids)}
         self.seed = seed
         self._lock = threading.Lock()
         self.last: Completion | None = None

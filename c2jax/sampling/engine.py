@@ -32,7 +32,8 @@ import functools
 import itertools
 import json
 import threading
-from typing import Any, Callable, NamedTuple, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -41,6 +42,7 @@ import numpy as np
 
 from c2jax.models import transformer as tfm
 from c2jax.sampling import logits as lg
+from c2jax.sampling.moe_decode import gather_dispatch
 
 FINISH = {0: "", 1: "stop", 2: "length", 3: "max_len"}
 MAX_STOP_IDS = 8
@@ -94,7 +96,7 @@ class RowState(NamedTuple):
     cur: jax.Array        # int32 pending token (not yet in the cache)
     pos: jax.Array        # int32 tokens in the cache (= position of `cur`)
     live: jax.Array       # bool: the next step consumes `cur`
-    done: bool            # bool: the next step only flushes (no new token)
+    done: jax.Array       # bool: the next step only flushes (no new token)
     ngen: jax.Array       # int32 tokens generated so far
     max_new: jax.Array    # int32
     temp: jax.Array       # f32
@@ -106,7 +108,7 @@ class RowState(NamedTuple):
 
 
 def init_row_state(B: int) -> RowState:
-    z = lambda dt=jnp.int32: jnp.zeros((B,), dt)  # noqa: E731  (distinct buffers: all are donated)
+    z = lambda dt=jnp.int32: jnp.zeros((B,), dt)
     return RowState(cur=z(), pos=z(), live=z(bool), done=z(bool), ngen=z(), max_new=z(),
                     temp=jnp.ones((B,), jnp.float32), top_k=z(), top_p=jnp.ones((B,), jnp.float32),
                     key=jax.random.split(jax.random.key(0), B), stop=jnp.full((B, MAX_STOP_IDS), -1, jnp.int32),
@@ -144,9 +146,13 @@ def _expert_ids(aux, N):
 
 
 @functools.lru_cache(maxsize=32)
-def _kernels(model_json: str, S: int, B: int):
+def _kernels(model_json: str, S: int, B: int, moe_gather: bool = True):
     m = ml_collections.ConfigDict(json.loads(model_json))
     _, N = tfm.layer_counts(m)
+
+    def model_step(params, tokens, positions, cache):
+        with gather_dispatch(moe_gather and N > 0):
+            return tfm.forward_with_cache(m, params, tokens, positions, cache)
 
     @functools.partial(jax.jit, donate_argnums=(1, 2), static_argnames=("use_filter",))
     def prefill(params, cache, state, tokens_bL, start_b, len_b, src_slot_b,
@@ -156,7 +162,7 @@ def _kernels(model_json: str, S: int, B: int):
         ar = jnp.arange(L, dtype=jnp.int32)
         positions = jnp.where(ar[None] < len_b[:, None], start_b[:, None] + ar[None], S)
         sub = jax.tree.map(lambda c: c[:, src_slot_b], cache)
-        out = tfm.forward_with_cache(m, params, tokens_bL, positions, sub)
+        out = model_step(params, tokens_bL, positions, sub)
         cache = jax.tree.map(lambda c, s: c.at[:, dest_slot_M].set(s[:, dest_src_M], mode="drop"),
                              cache, out.cache)
         last_bV = out.logits[jnp.arange(b), jnp.maximum(len_b - 1, 0)]
@@ -178,9 +184,9 @@ def _kernels(model_json: str, S: int, B: int):
         """Up to C decode steps on device; stops early when fewer than min_live rows are live
         (the host then refills freed slots) or when none is."""
         K = m.num_experts_per_tok
-        bufs = dict(tok=jnp.full((C, B), -1, jnp.int32), lp=jnp.zeros((C, B), jnp.float32),
-                    raw=jnp.zeros((C, B), jnp.float32), gen=jnp.zeros((C, B), bool),
-                    used=jnp.zeros((C, B), bool), code=jnp.zeros((C, B), jnp.int32))
+        bufs = {"tok": jnp.full((C, B), -1, jnp.int32), "lp": jnp.zeros((C, B), jnp.float32),
+                    "raw": jnp.zeros((C, B), jnp.float32), "gen": jnp.zeros((C, B), bool),
+                    "used": jnp.zeros((C, B), bool), "code": jnp.zeros((C, B), jnp.int32)}
         if N:
             bufs["experts"] = jnp.zeros((C, N, B, K), jnp.int32)
 
@@ -192,7 +198,7 @@ def _kernels(model_json: str, S: int, B: int):
         def body(carry):
             i, cache, st, bufs = carry
             positions = jnp.where(st.live, st.pos, S)[:, None]
-            out = tfm.forward_with_cache(m, params, st.cur[:, None], positions, cache)
+            out = model_step(params, st.cur[:, None], positions, cache)
             gen = st.live & ~st.done
             tok, lp, raw = lg.select_tokens(out.logits[:, 0], lg.step_keys(st.key, st.ngen),
                                             st.temp, st.top_k, st.top_p, use_filter)
@@ -202,7 +208,7 @@ def _kernels(model_json: str, S: int, B: int):
                 cur=jnp.where(gen, tok, st.cur), pos=jnp.where(st.live, st.pos + 1, st.pos),
                 live=st.live & ~st.done, done=st.done | (code > 0), ngen=ngen,
                 reason=jnp.where(code > 0, code, st.reason))
-            row = dict(tok=jnp.where(gen, tok, -1), lp=lp, raw=raw, gen=gen, used=st.live, code=code)
+            row = {"tok": jnp.where(gen, tok, -1), "lp": lp, "raw": raw, "gen": gen, "used": st.live, "code": code}
             if N:
                 row["experts"] = out.aux["expert_ids"][:, :, 0]
             bufs = {k: bufs[k].at[i].set(row[k]) for k in bufs}
@@ -214,10 +220,10 @@ def _kernels(model_json: str, S: int, B: int):
     return prefill, decode, N
 
 
-def _bucket(n: int, lo: int, hi: int) -> int:
+def _bucket(n: int, lo: int, hi: int, mult: int = 2) -> int:
     b = lo
     while b < n:
-        b *= 2
+        b *= mult
     return min(b, hi)
 
 
@@ -229,7 +235,7 @@ class _Row:
     req: Request
     rid: int
     sample: int
-    group: "_Group"
+    group: _Group
     prompt_len: int
     tokens: list = dataclasses.field(default_factory=list)
     lps: list = dataclasses.field(default_factory=list)
@@ -259,19 +265,27 @@ class Sampler:
         s.results(rid)                # list[Completion] (n of them)
         s.swap_params(new, version)   # in flight: takes effect at the next decode chunk
 
+    Options: chunk (decode steps per on-device loop between host checks), exact_moe (no
+    token dropping: rows cannot influence each other), moe_gather (decode steps routing fewer
+    than E token-expert pairs read only the chosen experts, see moe_decode.py), cache_dtype,
+    speculative ("none"; MTP drafts not implemented). Quantized experts: set
+    cfg.model.quant (int8/mxfp8/nvfp4); the model's grouped dispatch runs pallas_kernels.gmm.
+
     Attributes: version (current policy version), prefill_tokens (tokens run through
-    prefill, counted once per shared group), decode_steps, generated_tokens.
+    prefill, counted once per shared group), prefill_calls, decode_steps, generated_tokens.
     """
 
     def __init__(self, cfg, params, max_batch: int = 8, max_len: int = 512, chunk: int = 32,
-                 version: int = 0, exact_moe: bool = True, cache_dtype=None, speculative: str = "none"):
+                 version: int = 0, exact_moe: bool = True, moe_gather: bool = True, cache_dtype=None,
+                 speculative: str = "none"):
         if speculative != "none":
             raise NotImplementedError("speculative decoding (MTP drafts) is not implemented yet; use 'none'")
         if max_batch < 1 or max_len < 2:
             raise ValueError(f"Sampler needs max_batch >= 1 and max_len >= 2, got {max_batch}, {max_len}")
         self.model_cfg = sampler_model_cfg(cfg, exact_moe)
         self.B, self.S, self.chunk = int(max_batch), int(max_len), int(chunk)
-        self._prefill, self._decode, self.num_moe_layers = _kernels(self.model_cfg.to_json(), self.S, self.B)
+        self._prefill, self._decode, self.num_moe_layers = _kernels(self.model_cfg.to_json(), self.S, self.B,
+                                                                    bool(moe_gather))
         self.params = params
         self.version = int(version)
         self.cache = tfm.init_cache(self.model_cfg, self.B, self.S, cache_dtype)
@@ -380,16 +394,16 @@ class Sampler:
     def _run_prefill(self, batch):
         B, S = self.B, self.S
         b_real = len(batch)
-        b = _bucket(b_real, 1, B)
-        L = _bucket(max(len(g.req.prompt) - start for g, _, start, _ in batch), 8, S)
+        b = _bucket(b_real, 1, B, 4)   # few distinct shapes: each is a compile
+        L = _bucket(max(len(g.req.prompt) - start for g, _, start, _ in batch), 16, S)
         tokens = np.zeros((b, L), np.int32)
         start_b = np.zeros((b,), np.int32)
         len_b = np.zeros((b,), np.int32)
         src_b = np.zeros((b,), np.int32)
-        M = dict(dest=np.full((B,), B, np.int32), src=np.zeros((B,), np.int32), seed=np.zeros((B,), np.int32),
-                 rid=np.zeros((B,), np.int32), sidx=np.zeros((B,), np.int32), max_new=np.ones((B,), np.int32),
-                 temp=np.ones((B,), np.float32), top_k=np.zeros((B,), np.int32), top_p=np.ones((B,), np.float32),
-                 stop=np.full((B, MAX_STOP_IDS), -1, np.int32))
+        M = {"dest": np.full((B,), B, np.int32), "src": np.zeros((B,), np.int32), "seed": np.zeros((B,), np.int32),
+                 "rid": np.zeros((B,), np.int32), "sidx": np.zeros((B,), np.int32), "max_new": np.ones((B,), np.int32),
+                 "temp": np.ones((B,), np.float32), "top_k": np.zeros((B,), np.int32), "top_p": np.ones((B,), np.float32),
+                 "stop": np.full((B, MAX_STOP_IDS), -1, np.int32)}
         rows, k = [], 0
         for i, (g, src, start, dest) in enumerate(batch):
             r = g.req
@@ -530,10 +544,10 @@ class Sampler:
 
 def _common_prefix(a, b) -> int:
     n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    if n == 0 or a[0] != b[0]:
+        return 0
+    diff = np.flatnonzero(np.asarray(a[:n], np.int64) != np.asarray(b[:n], np.int64))
+    return int(diff[0]) if diff.size else n
 
 
 def _cat(xs):

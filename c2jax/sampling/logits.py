@@ -49,7 +49,7 @@ def select_tokens(logits_BV, keys_B, temperature_B, top_k_B, top_p_B, use_filter
     behaviour_BV = jax.nn.log_softmax(scaled_BV, axis=-1)
     sampled_B = jax.vmap(lambda k, l: jax.random.categorical(k, l))(keys_B, scaled_BV)
     tok_B = jnp.where(greedy_B, jnp.argmax(logits_BV, axis=-1), sampled_B).astype(jnp.int32)
-    pick = lambda a: jnp.take_along_axis(a, tok_B[:, None], axis=-1)[:, 0]  # noqa: E731
+    pick = lambda a: jnp.take_along_axis(a, tok_B[:, None], axis=-1)[:, 0]
     lp_B = jnp.where(greedy_B, 0.0, pick(behaviour_BV))
     return tok_B, lp_B, pick(raw_BV)
 

@@ -80,10 +80,12 @@ def _tokenizer_for(cfg, workdir):
 def evaluate(cfg, params, tokenizer, corpus, eval_step, dsh, batch_size, seq_len) -> dict:
     """Held-out loss (corpus held-out split) and codebase perplexity (rolling windows)."""
     out = {}
-    it = make_train_iterator(cfg.data, tokenizer, seq_len, batch_size, cfg.seed, split="heldout",
-                             num_epochs=1, shuffle=False, corpus=corpus)
     nll = w = 0.0
-    for i, batch in enumerate(it):
+    heldout = []
+    if corpus.heldout:
+        heldout = make_train_iterator(cfg.data, tokenizer, seq_len, batch_size, cfg.seed, split="heldout",
+                                      num_epochs=1, shuffle=False, corpus=corpus)
+    for i, batch in enumerate(heldout):
         if cfg.train.eval_batches and i >= cfg.train.eval_batches:
             break
         r = eval_step(params, {k: jax.device_put(batch[k], dsh) for k in BATCH_KEYS})
@@ -141,17 +143,17 @@ def run_training(cfg, workdir: str) -> dict:
             log.info("resumed from step %d", start)
         writer = MetricsWriter(workdir)
         stop = StopFlag().install()
-        peak = t.peak_flops or measured_matmul_peak()
-        fpt = flops_per_token(cfg, t.seq_len)
-        progress = Progress(t.steps, start)
-        bad_in_a_row, tokens_since, t_since = 0, 0.0, None
-        summary = {"params": param_count(cfg), "start_step": start}
-        if start == 0:
-            first = evaluate(cfg, state["params"], tokenizer, corpus, eval_step, dsh, t.batch_size, t.seq_len)
-            writer.write(0, {f"eval/{k}": v for k, v in first.items()})
-            summary["initial_eval"] = first
-        step = start
         try:
+            peak = t.peak_flops or measured_matmul_peak()
+            fpt = flops_per_token(cfg, t.seq_len)
+            progress = Progress(t.steps, start)
+            bad_in_a_row, tokens_since, t_since = 0, 0.0, None
+            summary = {"params": param_count(cfg), "start_step": start}
+            if start == 0:
+                first = evaluate(cfg, state["params"], tokenizer, corpus, eval_step, dsh, t.batch_size, t.seq_len)
+                writer.write(0, {f"eval/{k}": v for k, v in first.items()})
+                summary["initial_eval"] = first
+            step = start
             while step < t.steps:
                 batch = next(it)
                 batch = {k: jax.device_put(np.asarray(batch[k]), dsh) for k in BATCH_KEYS}
@@ -187,7 +189,7 @@ def run_training(cfg, workdir: str) -> dict:
             final = evaluate(cfg, state["params"], tokenizer, corpus, eval_step, dsh, t.batch_size, t.seq_len)
             writer.write(step, {f"eval/{k}": v for k, v in final.items()})
             summary.update(final_eval=final, final_step=step, stopped_early=bool(stop))
-            if step == t.steps:
+            if step == t.steps and ckpt.latest_step() != step:
                 ckpt.save(step, state, {"iterator": it.get_state()}, {"step": step}, force=True)
         finally:
             ckpt.close()

@@ -1,0 +1,277 @@
+"""Prove, on a CPU machine, that a pod config compiles and fits on a TPU slice.
+
+libtpu ships the TPU compiler: `jax.experimental.topologies.get_topology_desc` gives the
+devices of a TPU topology (e.g. "v5p:4x4x4") without the hardware, and `jit(...).lower(...)
+.compile()` compiles for them. We AOT-compile
+  - the real train step (c2jax.train.step.train_step: forward, loss, backward, AdamW update,
+    FSDP/CP/EP sharded by the config's mesh and rules, state donated), and
+  - one sampler decode step (c2jax.models.forward_with_cache for one token per row against a
+    full KV cache, bf16 weights, on the decode mesh),
+then read per-chip HBM from memory_analysis() and FLOPs from cost_analysis(), and compare them
+with the chip's HBM capacity and peak bf16 FLOP/s.
+
+Pod configs add a `pod` section (see configs/pods/): topology, decode_batch, decode_len,
+decode_mesh_shape, hbm_headroom. `main(cfg, topology)` returns the report dict; `format_report`
+renders it; a config that does not fit raises ConfigError naming what to change (after the
+report is printed by the CLI).
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from c2jax.config import ConfigError
+
+GiB = 1024 ** 3
+
+# per-chip HBM (bytes) and peak dense bf16 FLOP/s, from the public TPU spec sheets
+CHIPS = {
+    "v4": (32 * GiB, 275e12),
+    "v5e": (16 * GiB, 197e12),
+    "v5litepod": (16 * GiB, 197e12),
+    "v5p": (95 * 10 ** 9, 459e12),
+    "v6e": (32 * GiB, 918e12),
+}
+
+
+def pod_defaults() -> ml_collections.ConfigDict:
+    """Defaults of the `pod` section that pod configs set."""
+    p = ml_collections.ConfigDict()
+    p.topology = "v5p:2x2x1"          # TPU slice, "<chip>:<AxBxC>"
+    p.decode_batch = 0                # sampler rows for the decode-step compile (0 = one per chip)
+    p.decode_len = 4096               # KV cache slots per row in the decode-step compile
+    p.decode_mesh_shape = ()          # mesh.shape for decoding (() = the training mesh)
+    p.hbm_headroom = 0.9              # a config "fits" when peak HBM <= headroom * capacity
+    p.compile_decode = True           # also compile the sampler decode step
+    return p
+
+
+def pod_cfg(cfg) -> ml_collections.ConfigDict:
+    p = pod_defaults()
+    if "pod" in cfg:
+        for k, v in cfg.pod.items():
+            with p.ignore_type():
+                p[k] = v
+    return p
+
+
+def chip_spec(topology: str) -> tuple[str, float, float]:
+    chip = topology.split(":")[0].lower()
+    if chip not in CHIPS:
+        raise ConfigError(f"unknown TPU chip {chip!r} in topology {topology!r}; known: {sorted(CHIPS)}")
+    return (chip,) + CHIPS[chip]
+
+
+def topology_devices(topology: str):
+    import os
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # other processes may hold libtpu's lockfile
+    from jax.experimental import topologies
+    try:
+        topo = topologies.get_topology_desc(platform="tpu", topology_name=topology)
+    except Exception as e:  # noqa: BLE001 - libtpu's message is the useful part
+        raise ConfigError(f"could not get TPU topology {topology!r} from libtpu ({e}); use a known one such as "
+                          f"'v5p:4x4x4' and check that jax[tpu] (libtpu) is installed") from e
+    return list(topo.devices)
+
+
+def _abstract(tree, shardings):
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
+
+
+def _memory(compiled) -> dict:
+    ma = compiled.memory_analysis()
+    args, out, alias, temp = (ma.argument_size_in_bytes, ma.output_size_in_bytes, ma.alias_size_in_bytes,
+                              ma.temp_size_in_bytes)
+    peak = getattr(ma, "peak_memory_in_bytes", 0) or 0
+    total = args + out - alias + temp + ma.generated_code_size_in_bytes
+    return {"arguments_gib": args / GiB, "outputs_gib": out / GiB, "aliased_gib": alias / GiB,
+            "temp_gib": temp / GiB, "peak_gib": max(peak, total) / GiB}
+
+
+def _flops(compiled) -> float:
+    cost = compiled.cost_analysis()
+    if isinstance(cost, (list, tuple)):
+        cost = cost[0]
+    return float(cost.get("flops", 0.0)) if cost else 0.0
+
+
+def compile_train_step(cfg, mesh):
+    """AOT-compile the real train step for `mesh`; returns the Compiled."""
+    from c2jax.models import abstract_params
+    from c2jax.parallel.mesh import activate, data_sharding, param_shardings
+    from c2jax.train.optimizer import make_optimizer
+    from c2jax.train.step import BATCH_KEYS, init_state, make_train_step, state_shardings
+    t = cfg.train
+    optimizer = make_optimizer(t)
+    # shape-only work outside the TPU mesh context (the model's init helpers run a few eager ops)
+    p_sh = param_shardings(cfg, mesh)
+    params = _abstract(abstract_params(cfg), p_sh)
+    abstract_state = jax.eval_shape(lambda p: init_state(cfg, optimizer, p, 0), params)
+    st_sh = state_shardings(cfg, optimizer, mesh, p_sh, abstract_state)
+    state = _abstract(abstract_state, st_sh)
+    dsh = data_sharding(cfg, mesh)
+    with activate(cfg, mesh):
+        dtypes = {"loss_weights": jnp.float32}
+        batch = {k: jax.ShapeDtypeStruct((t.batch_size, t.seq_len), dtypes.get(k, jnp.int32), sharding=dsh)
+                 for k in BATCH_KEYS}
+        step = make_train_step(cfg, optimizer, st_sh, dsh)
+        return step.lower(state, batch).compile()
+
+
+def _decode_cfg(cfg, shape, batch: int):
+    d = ml_collections.ConfigDict(cfg.to_dict())
+    if shape:
+        d.mesh.shape = tuple(shape)
+    d.train.batch_size, d.train.grad_accum = batch, 1   # the layout checks see the decode batch
+    return d
+
+
+def compile_decode_step(cfg, devices, batch: int, cache_len: int):
+    """AOT-compile one sampler decode step: one token per row, full cache, bf16 weights."""
+    from c2jax.models import abstract_params, forward_with_cache, init_cache
+    from c2jax.parallel.mesh import activate, logical_to_mesh_spec, make_mesh, param_shardings
+    mesh = make_mesh(cfg, devices)
+    m = ml_collections.ConfigDict(cfg.model.to_dict())
+    m.param_dtype = "bfloat16" if m.dtype == "bfloat16" else m.param_dtype
+    p_sh = param_shardings(cfg, mesh)
+    params = _abstract(abstract_params(m), p_sh)
+    cache_shapes = jax.eval_shape(lambda: init_cache(m, batch, cache_len))
+    with activate(cfg, mesh):
+        b_spec = logical_to_mesh_spec(P("batch"), cfg, mesh)[0]
+        if b_spec is not None:
+            names = b_spec if isinstance(b_spec, tuple) else (b_spec,)
+            if batch % math.prod(mesh.shape[a] for a in names):
+                b_spec = None
+        cache = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+            x.shape, x.dtype, sharding=NamedSharding(mesh, P(None, b_spec))), cache_shapes)
+        tok_sh = NamedSharding(mesh, P(b_spec, None))
+        tokens = jax.ShapeDtypeStruct((batch, 1), jnp.int32, sharding=tok_sh)
+
+        def step(params, cache, tokens, positions):
+            out = forward_with_cache(m, params, tokens, positions, cache)
+            return jnp.argmax(out.logits[:, -1], axis=-1).astype(jnp.int32), out.cache
+
+        fn = jax.jit(step, donate_argnums=(1,), out_shardings=(NamedSharding(mesh, P(b_spec)),
+                                                                jax.tree.map(lambda c: c.sharding, cache)))
+        return fn.lower(params, cache, tokens, tokens).compile(), mesh
+
+
+def main(cfg, topology: str | None = None) -> dict:
+    """Compile the train step (and the decode step) of `cfg` for a TPU topology on this machine.
+    Returns the report: per-chip HBM (GiB) vs capacity, fits, FLOPs per chip and step, the step
+    time those FLOPs imply at peak, compile seconds. Raises ConfigError before compiling for a
+    bad mesh request."""
+    from c2jax.config import validate
+    from c2jax.models import flops_per_token, param_count
+    from c2jax.parallel.mesh import make_mesh
+    pod = pod_cfg(cfg)
+    topology = topology or pod.topology
+    chip, hbm, peak = chip_spec(topology)
+    devices = topology_devices(topology)
+    validate(cfg, num_devices=len(devices))
+    mesh = make_mesh(cfg, devices)
+    t = cfg.train
+    report = {"config": cfg.model.name, "topology": topology, "chip": chip, "chips": len(devices),
+              "mesh": dict(mesh.shape), "hbm_per_chip_gib": hbm / GiB, "peak_bf16_tflops": peak / 1e12,
+              "params": param_count(cfg), "batch_size": t.batch_size, "seq_len": t.seq_len,
+              "grad_accum": t.grad_accum}
+    t0 = time.time()
+    compiled = compile_train_step(cfg, mesh)
+    train = _memory(compiled)
+    flops = _flops(compiled)
+    tokens = t.batch_size * t.seq_len
+    model_flops = flops_per_token(cfg, t.seq_len) * tokens
+    train.update(compile_s=round(time.time() - t0, 1), flops_per_chip=flops,
+                 flops_per_step=flops * len(devices), model_flops_per_step=model_flops,
+                 step_s_at_peak=flops / peak, model_step_s_at_peak=model_flops / len(devices) / peak)
+    report["train"] = train
+    if pod.compile_decode:
+        batch = pod.decode_batch or len(devices)
+        dcfg = _decode_cfg(cfg, pod.decode_mesh_shape, batch)
+        t0 = time.time()
+        compiled, dmesh = compile_decode_step(dcfg, devices, batch, pod.decode_len)
+        dec = _memory(compiled)
+        dflops = _flops(compiled)
+        dec.update(compile_s=round(time.time() - t0, 1), mesh=dict(dmesh.shape), batch=batch,
+                   cache_len=pod.decode_len, flops_per_chip=dflops, step_s_at_peak=dflops / peak)
+        report["decode"] = dec
+    return judge(cfg, report)
+
+
+def judge(cfg, report: dict) -> dict:
+    """Set `fits` per step and overall, and `advice` (what to change), from the config's
+    pod.hbm_headroom and the chip's capacity."""
+    pod = pod_cfg(cfg)
+    usable = pod.hbm_headroom * report["hbm_per_chip_gib"]
+    for k in ("train", "decode"):
+        if k in report:
+            report[k]["fits"] = report[k]["peak_gib"] <= usable
+    report["fits"] = all(report[k]["fits"] for k in ("train", "decode") if k in report)
+    report["advice"] = advice(cfg, report, pod)
+    return report
+
+
+def advice(cfg, report, pod) -> str:
+    """What to change when a step does not fit ("" when everything fits)."""
+    lines = []
+    cap = report["hbm_per_chip_gib"] * pod.hbm_headroom
+    tr = report.get("train")
+    if tr and not tr["fits"]:
+        state_gib = tr["arguments_gib"]
+        hints = []
+        if state_gib > 0.6 * cap:
+            hints.append("shard params/optimizer state wider: a larger fsdp axis in mesh.shape (or map "
+                         "'expert_embed' to fsdp in mesh.rules), or a larger topology")
+        if tr["temp_gib"] > 0.4 * cap:
+            if cfg.model.remat != "full":
+                hints.append("set model.remat='full'")
+            hints.append("lower train.batch_size per step (raise train.grad_accum) or train.seq_len, or raise "
+                         "the context axis (CP) in mesh.shape, or set mesh.attention_chunk")
+        lines.append(f"train step needs {tr['peak_gib']:.1f} GiB per chip > {cap:.1f} GiB usable "
+                     f"({pod.hbm_headroom:.0%} of {report['hbm_per_chip_gib']:.1f}); " + "; ".join(hints))
+    dec = report.get("decode")
+    if dec and not dec["fits"]:
+        lines.append(f"decode step needs {dec['peak_gib']:.1f} GiB per chip > {cap:.1f} GiB usable; lower "
+                     f"pod.decode_batch or pod.decode_len, or widen pod.decode_mesh_shape's expert/fsdp axes")
+    return "\n".join(lines)
+
+
+def format_report(r: dict) -> str:
+    """Human-readable compile-check report."""
+    out = [f"{r['config']} on {r['topology']} ({r['chips']} x {r['chip']}, {r['hbm_per_chip_gib']:.1f} GiB HBM, "
+           f"{r['peak_bf16_tflops']:.0f} TFLOP/s bf16 per chip)",
+           f"  params: {r['params']['total'] / 1e9:.2f}B total, {r['params']['active'] / 1e9:.2f}B active; "
+           f"mesh {r['mesh']}"]
+    for name in ("train", "decode"):
+        s = r.get(name)
+        if not s:
+            continue
+        what = (f"batch {r['batch_size']} x {r['seq_len']} tokens (grad_accum {r['grad_accum']})" if name == "train"
+                else f"batch {s['batch']}, cache {s['cache_len']}, mesh {s['mesh']}")
+        out.append(f"  {name} step [{what}]: compiled in {s['compile_s']} s")
+        out.append(f"    HBM per chip {s['peak_gib']:.2f} / {r['hbm_per_chip_gib']:.1f} GiB "
+                   f"(args {s['arguments_gib']:.2f}, temp {s['temp_gib']:.2f}, out {s['outputs_gib']:.2f}, "
+                   f"aliased {s['aliased_gib']:.2f}) -> {'FITS' if s['fits'] else 'DOES NOT FIT'}")
+        line = f"    FLOPs per chip {s['flops_per_chip']:.3e}; step time at peak {s['step_s_at_peak'] * 1e3:.1f} ms"
+        if name == "train":
+            line += (f" (all chips {s['flops_per_step']:.3e} FLOPs/step; 6N+attention model FLOPs "
+                     f"{s['model_flops_per_step']:.3e} -> {s['model_step_s_at_peak'] * 1e3:.1f} ms)")
+        out.append(line)
+    if r.get("advice"):
+        out.append("  TO FIT: " + r["advice"])
+    return "\n".join(out)
+
+
+def check(cfg, topology: str | None = None, report: dict | None = None) -> dict:
+    """main + print; raises ConfigError naming what to change when the config does not fit."""
+    report = report or main(cfg, topology)
+    print(format_report(report), flush=True)
+    if not report["fits"]:
+        raise ConfigError(report["advice"])
+    return report
+
