@@ -13,7 +13,11 @@ import sys
 COMMANDS = {
     "pretrain": "continued pretraining / context extension (train.stage cpt|extend)",
     "sft": "supervised fine-tuning on chat transcripts (train.stage=sft)",
-    "demo": "the quick-start pipeline on the tiny model",
+    "demo": "the quick-start pipeline on the tiny model (CPT -> SFT -> RL -> eval)",
+    "eval": "benchmark a policy (oracle, do_nothing or a trained run's model) over task suites",
+    "compile-check": "AOT-compile the train and decode steps for a TPU topology; HBM per chip",
+    "rl": "asynchronous RL (Dr. GRPO, router replay, in-flight weight updates)",
+    "sweep": "run or print a sweep of config overrides and collect its metrics",
 }
 
 
@@ -27,12 +31,34 @@ def _parse(argv):
     parser.add_argument("command", choices=sorted(COMMANDS), help="; ".join(f"{k}: {v}" for k, v in COMMANDS.items()))
     parser.add_argument("--config", default=None, help="config file, optionally with :arg")
     parser.add_argument("--workdir", default=None, help="run directory")
+    parser.add_argument("--topology", default="v5p:2x2x1", help="compile-check: TPU topology, e.g. v5p:4x4x4")
+    parser.add_argument("--quick", action="store_true", help="demo: a shorter run (CI smoke)")
+    parser.add_argument("--launch-commands", action="store_true", help="sweep: print one command per point")
     args, rest = parser.parse_known_args(argv)
     overrides = [r for r in rest if r.startswith("--config.")]
     unknown = [r for r in rest if not r.startswith("--config.")]
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)} (overrides look like --config.train.lr=1e-3)")
     return args, overrides
+
+
+def _eval(cfg, workdir) -> int:
+    from c2jax.evals.benchmark import main_eval, render_markdown
+    factory = tokenizer = None
+    if cfg.eval.policy == "model":
+        from c2jax.data.tokenizer import Tokenizer
+        from c2jax.pipeline import model_policy_factory
+        from c2jax.train.loop import load_run_config, load_run_params
+        if not cfg.eval.model_run:
+            from c2jax.config import ConfigError
+            raise ConfigError("eval.policy='model' needs --config.eval.model_run=RUN_DIR (a trained run)")
+        run_cfg = load_run_config(cfg.eval.model_run)
+        tokenizer = Tokenizer.load(cfg.eval.model_run)
+        factory, _ = model_policy_factory(run_cfg, load_run_params(cfg.eval.model_run, run_cfg), tokenizer,
+                                          temperature=cfg.eval.temperature, seed=cfg.seed)
+    report = main_eval(cfg, workdir, policy_factory=factory, tokenizer=tokenizer)
+    print(render_markdown(report))
+    return 0
 
 
 def main(argv=None) -> int:
@@ -48,8 +74,24 @@ def main(argv=None) -> int:
     try:
         if args.command == "demo":
             from c2jax.pipeline import run_demo
-            return run_demo(args.workdir or "runs/demo", overrides)
-        spec = args.config or ("configs/stages/sft.py" if args.command == "sft" else "configs/stages/cpt.py")
+            return run_demo(args.workdir or "runs/demo", overrides, quick=args.quick)
+        if args.command == "sweep":
+            from c2jax.sweep import collect, launch_commands, load_sweep, run_sweep
+            if not args.config:
+                raise ConfigError("sweep needs --config configs/sweeps/NAME.py")
+            sweep = load_sweep(args.config)
+            workdir = args.workdir or os.path.join("runs", "sweeps", os.path.basename(args.config).split(".")[0])
+            if args.launch_commands:
+                print("\n".join(launch_commands(sweep, workdir)))
+                return 0
+            results = run_sweep(sweep, workdir)
+            print(collect(workdir, list(sweep.get("metrics", []))))
+            return 0 if all(r.status != "failed" for r in results) else 1
+        if args.command == "eval" and not args.config:
+            spec = None
+        else:
+            spec = args.config or ("configs/stages/sft.py" if args.command == "sft" else
+                                   "configs/rl_tiny.py" if args.command == "rl" else "configs/stages/cpt.py")
         import jax
         cfg = load_config(spec, overrides, validate_devices=jax.device_count())
         workdir = args.workdir or os.path.join("runs", args.command)
@@ -62,6 +104,16 @@ def main(argv=None) -> int:
             summary = run_training(cfg, workdir)
             print(json.dumps(summary, indent=2, default=str))
             return 0
+        if args.command == "eval":
+            return _eval(cfg, workdir)
+        if args.command == "rl":
+            from c2jax.rl.loop import run_rl
+            print(json.dumps(run_rl(cfg, workdir), indent=2, default=str))
+            return 0
+        if args.command == "compile-check":
+            from c2jax.parallel.compile_check import main as compile_check
+            report = compile_check(cfg, args.topology)
+            return 0 if report.get("fits", True) else 3
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2

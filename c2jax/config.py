@@ -130,6 +130,8 @@ def default_config() -> ml_collections.ConfigDict:
     c.train = t
     from c2jax.data.config import get_config as data_config
     c.data = data_config()
+    from c2jax.evals.benchmark import eval_defaults
+    c.eval = eval_defaults()
     return c
 
 

@@ -394,7 +394,8 @@ class SFTRows:
         return row
 
 
-def read_chats_jsonl(path: str) -> list[list[dict]]:
+def read_chats_jsonl(path: str) -> list:
+    """Chats (lists of messages) or pre-tokenized (ids, mask) tuples, one per JSONL line."""
     chats = []
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
@@ -402,6 +403,12 @@ def read_chats_jsonl(path: str) -> list[list[dict]]:
                 continue
             try:
                 obj = json.loads(line)
+                if isinstance(obj, dict) and "tokens" in obj:
+                    ids, mask = [int(t) for t in obj["tokens"]], [int(bool(m)) for m in obj["loss_mask"]]
+                    if len(ids) != len(mask):
+                        raise ValueError("tokens and loss_mask differ in length")
+                    chats.append((ids, mask))
+                    continue
                 msgs = obj["messages"]
             except (ValueError, KeyError, TypeError) as e:
                 raise PipelineError(f"{path}:{lineno}: expected a JSON object with 'messages' ({e})") from e
@@ -417,8 +424,15 @@ def make_sft_iterator(jsonl_path: str, tokenizer, seq_len: int, batch_size: int,
                       num_epochs: int | None = None, shuffle: bool = True,
                       shard_index: int | None = None, shard_count: int | None = None,
                       render=render_chat, read_threads: int = 1) -> grain.DatasetIterator:
-    """Iterator over packed SFT batches from JSONL lines {"messages": [{"role", "content"}]}."""
-    chats = [render(m, tokenizer) for m in read_chats_jsonl(jsonl_path)]
+    """Iterator over packed SFT batches from JSONL lines {"messages": [{"role", "content"}]}, or
+    pre-tokenized lines {"tokens": [...], "loss_mask": [...]} (the agent harness's exact token
+    format, e.g. oracle transcripts; loss_mask marks the model's tokens)."""
+    chats = []
+    for item in read_chats_jsonl(jsonl_path):
+        if isinstance(item, tuple):
+            chats.append(item)
+        else:
+            chats.append(render(item, tokenizer))
     rows = SFTRows(chats, seq_len, tokenizer.pad_id, seed=seed)
     logging.info("SFT data %s: %s", jsonl_path, dataclasses.asdict(rows.stats))
     if len(rows) == 0:

@@ -202,6 +202,8 @@ def eval_defaults():
     e.max_new_tokens = 4096            # per assistant message
     e.run_timeout_s = 30.0             # cap on run / run_tests tool calls
     e.active_params = 0.0              # active parameters for the FLOPs estimate (0: omit)
+    e.model_run = ""                   # run directory whose model is evaluated when policy == "model"
+    e.temperature = 1.0                # sampling temperature of the model policy
     return e
 
 

@@ -47,7 +47,8 @@ def write_cache(cache_BS_, new_BL_, positions_BL):
 
 def _attend(cfg, q, k, v, positions_BL, segment_ids_BL, k_pos_BS, k_seg_BS, scale):
     if k_seg_BS is not None:
-        from c2jax.parallel import context as cp  # context parallelism when the mesh has context > 1
+        # context parallelism when the mesh has a context axis > 1
+        from c2jax.parallel import context as cp
         if cp.cp_active(q.shape[1]):
             return cp.gqa_context_attention(q, k, v, positions_BL, segment_ids_BL, scale)
     mask = attention_mask(positions_BL, k_pos_BS,
@@ -132,7 +133,8 @@ class MLAAttention(nn.Module):
             nn.initializers.normal(m.init_std), ("kv_latent", "heads")), (C, H * (N + O)), pdt)
         kv_b_CHX = kv_b.astype(dt).reshape(C, H, N + O)
         scale = softmax_scale(N + R, m)
-        from c2jax.parallel import context as cp  # context parallelism when the mesh has context > 1
+        # context parallelism when the mesh has a context axis > 1
+        from c2jax.parallel import context as cp
         if cache is None and cp.cp_active(L):
             out = cp.mla_context_attention(q_nope, q_rope, latent_BLC, k_rope_BLR, kv_b_CHX, positions_BL,
                                            segment_ids_BL, scale, dt)

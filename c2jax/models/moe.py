@@ -196,7 +196,8 @@ class MoE(nn.Module):
         w_down = self.param("w_down", nn.with_logical_partitioning(init, ("experts", "expert_mlp", "expert_embed")),
                             (E, F, D), pdt).astype(dt)
         x_TD = x_TD.astype(dt)
-        from c2jax.parallel import experts as ep  # expert parallelism when the mesh has an EP group > 1
+        # expert parallelism when the mesh has an expert-parallel group > 1
+        from c2jax.parallel import experts as ep
         ep_plan = ep.ep_plan(B, L, E)
         if ep_plan is not None:
             y_BLD, dropped = ep.expert_parallel_dispatch(x_TD.reshape(B, L, D), ids_TK.reshape(B, L, K),

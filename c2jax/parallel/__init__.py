@@ -2,5 +2,12 @@
 layout, MLA latent all-gather, GQA ring / all-gather), expert parallelism (experts.py: all-to-all
 dispatch over EP groups), multi-host start-up and per-process data (distributed.py), and
 AOT compile-and-fit checks for TPU topologies (compile_check.py)."""
-from c2jax.parallel.mesh import (activate, data_sharding, logical_to_mesh_spec, make_mesh,  # noqa: F401
-                                 param_shardings, rules, validate_layout)
+from c2jax.parallel.mesh import (  # noqa: F401
+                                 activate,
+                                 data_sharding,
+                                 logical_to_mesh_spec,
+                                 make_mesh,
+                                 param_shardings,
+                                 rules,
+                                 validate_layout,
+)

@@ -23,7 +23,8 @@ import time
 import jax
 import jax.numpy as jnp
 import ml_collections
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from c2jax.config import ConfigError
 
@@ -73,7 +74,7 @@ def topology_devices(topology: str):
     from jax.experimental import topologies
     try:
         topo = topologies.get_topology_desc(platform="tpu", topology_name=topology)
-    except Exception as e:  # noqa: BLE001 - libtpu's message is the useful part
+    except Exception as e:
         raise ConfigError(f"could not get TPU topology {topology!r} from libtpu ({e}); use a known one such as "
                           f"'v5p:4x4x4' and check that jax[tpu] (libtpu) is installed") from e
     return list(topo.devices)
@@ -105,7 +106,12 @@ def compile_train_step(cfg, mesh):
     from c2jax.models import abstract_params
     from c2jax.parallel.mesh import activate, data_sharding, param_shardings
     from c2jax.train.optimizer import make_optimizer
-    from c2jax.train.step import BATCH_KEYS, init_state, make_train_step, state_shardings
+    from c2jax.train.step import (
+        BATCH_KEYS,
+        init_state,
+        make_train_step,
+        state_shardings,
+    )
     t = cfg.train
     optimizer = make_optimizer(t)
     # shape-only work outside the TPU mesh context (the model's init helpers run a few eager ops)
@@ -134,7 +140,12 @@ def _decode_cfg(cfg, shape, batch: int):
 def compile_decode_step(cfg, devices, batch: int, cache_len: int):
     """AOT-compile one sampler decode step: one token per row, full cache, bf16 weights."""
     from c2jax.models import abstract_params, forward_with_cache, init_cache
-    from c2jax.parallel.mesh import activate, logical_to_mesh_spec, make_mesh, param_shardings
+    from c2jax.parallel.mesh import (
+        activate,
+        logical_to_mesh_spec,
+        make_mesh,
+        param_shardings,
+    )
     mesh = make_mesh(cfg, devices)
     m = ml_collections.ConfigDict(cfg.model.to_dict())
     m.param_dtype = "bfloat16" if m.dtype == "bfloat16" else m.param_dtype
@@ -243,10 +254,10 @@ def advice(cfg, report, pod) -> str:
 
 def format_report(r: dict) -> str:
     """Human-readable compile-check report."""
-    out = [f"{r['config']} on {r['topology']} ({r['chips']} x {r['chip']}, {r['hbm_per_chip_gib']:.1f} GiB HBM, "
-           f"{r['peak_bf16_tflops']:.0f} TFLOP/s bf16 per chip)",
-           f"  params: {r['params']['total'] / 1e9:.2f}B total, {r['params']['active'] / 1e9:.2f}B active; "
-           f"mesh {r['mesh']}"]
+    out = [(f"{r['config']} on {r['topology']} ({r['chips']} x {r['chip']}, {r['hbm_per_chip_gib']:.1f} GiB HBM, "
+            f"{r['peak_bf16_tflops']:.0f} TFLOP/s bf16 per chip)"),
+           (f"  params: {r['params']['total'] / 1e9:.2f}B total, {r['params']['active'] / 1e9:.2f}B active; "
+            f"mesh {r['mesh']}")]
     for name in ("train", "decode"):
         s = r.get(name)
         if not s:

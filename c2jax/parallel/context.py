@@ -21,14 +21,22 @@ P head dim, C kv latent, R rope dims, N nope dims, O value dims, X = N + O.
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from c2jax.config import ConfigError
-from c2jax.parallel.mesh import (active_axis_sizes, active_logical_axes, axes_size, divisible_axes,
-                                 parallel_setting, spec_entry)
+from c2jax.parallel.mesh import (
+    active_axis_sizes,
+    active_logical_axes,
+    axes_size,
+    divisible_axes,
+    parallel_setting,
+    spec_entry,
+)
 
 CONTEXT = "context"
 NEG_INF = -1e30
@@ -115,9 +123,9 @@ def _map_query_chunks(fn, n: int, *q_args):
     backward pass, so only one chunk's logits are live at a time."""
     if n == 1:
         return fn(*q_args)
-    split = lambda x: jnp.moveaxis(x.reshape(x.shape[0], n, x.shape[1] // n, *x.shape[2:]), 1, 0)  # noqa: E731
+    split = lambda x: jnp.moveaxis(x.reshape(x.shape[0], n, x.shape[1] // n, *x.shape[2:]), 1, 0)
     out = jax.lax.map(jax.checkpoint(lambda a: fn(*a)), tuple(split(x) for x in q_args))
-    merge = lambda y: jnp.moveaxis(y, 0, 1).reshape(y.shape[1], -1, *y.shape[3:])  # noqa: E731
+    merge = lambda y: jnp.moveaxis(y, 0, 1).reshape(y.shape[1], -1, *y.shape[3:])
     return jax.tree.map(merge, out)
 
 
@@ -145,7 +153,7 @@ def mla_context_attention(q_nope_BLHN, q_rope_BLHR, latent_BLC, k_rope_BLR, kv_b
         return _map_query_chunks(lambda qc, pc, sc: dot_product_attention(qc, k, v, _mask(pc, pos_S, sc, seg_S), scale),
                                  _query_chunks(q.shape[1]), q, pos, seg)
 
-    tok = lambda n: _spec(b_axes, l_axes, n)  # noqa: E731
+    tok = lambda n: _spec(b_axes, l_axes, n)
     fn = jax.shard_map(body, in_specs=(tok(2), tok(2), tok(1), tok(1), P(), tok(0), tok(0)),
                        out_specs=tok(2))
     return fn(q_nope_BLHN, q_rope_BLHR, latent_BLC, k_rope_BLR, kv_b_CHX.astype(dtype),
@@ -153,6 +161,10 @@ def mla_context_attention(q_nope_BLHN, q_rope_BLHR, latent_BLC, k_rope_BLR, kv_b
 
 
 # ----------------------------------------------------------------------------- GQA
+
+
+def _ring_update_at(update, kv_blk, qc, pc, sc, mc, dc, ac):
+    return update(qc, pc, sc, mc, dc, ac, *kv_blk)
 
 
 def _ring_attention(q, k, v, pos, seg, scale):
@@ -184,7 +196,7 @@ def _ring_attention(q, k, v, pos, seg, scale):
 
     for step in range(cp):
         kv_blk = (k_blk, v_blk, kpos, kseg)
-        m, den, acc = _map_query_chunks(lambda qc, pc, sc, mc, dc, ac: update(qc, pc, sc, mc, dc, ac, *kv_blk),
+        m, den, acc = _map_query_chunks(functools.partial(_ring_update_at, update, kv_blk),
                                         n, q, pos, seg, m, den, acc)
         if step + 1 < cp:
             k_blk, v_blk, kpos, kseg = jax.lax.ppermute(kv_blk, CONTEXT, perm)
@@ -210,7 +222,7 @@ def gqa_context_attention(q_BLHP, k_BLGP, v_BLGO, positions_BL, segment_ids_BL, 
         return _map_query_chunks(lambda qc, pc, sc: dot_product_attention(qc, k_S, v_S, _mask(pc, pos_S, sc, seg_S), scale),
                                  _query_chunks(q.shape[1]), q, pos, seg)
 
-    tok = lambda n: _spec(b_axes, l_axes, n)  # noqa: E731
+    tok = lambda n: _spec(b_axes, l_axes, n)
     fn = jax.shard_map(body, in_specs=(tok(2), tok(2), tok(2), tok(0), tok(0)), out_specs=tok(2))
     return fn(q_BLHP, k_BLGP, v_BLGO, positions_BL, segment_ids_BL)
 
@@ -225,5 +237,13 @@ def cp_active(length: int | None = None) -> bool:
     return length is None or length % cp == 0
 
 
-__all__ = ["zigzag_order", "zigzag_permute", "zigzag_unpermute", "context_size", "cp_active",
-           "mla_context_attention", "gqa_context_attention", "axes_size"]
+__all__ = [
+    "axes_size",
+    "context_size",
+    "cp_active",
+    "gqa_context_attention",
+    "mla_context_attention",
+    "zigzag_order",
+    "zigzag_permute",
+    "zigzag_unpermute",
+]

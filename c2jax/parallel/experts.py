@@ -28,7 +28,13 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from c2jax.config import ConfigError
-from c2jax.parallel.mesh import active_logical_axes, axes_size, divisible_axes, parallel_setting, spec_entry
+from c2jax.parallel.mesh import (
+    active_logical_axes,
+    axes_size,
+    divisible_axes,
+    parallel_setting,
+    spec_entry,
+)
 
 
 def ep_axes() -> tuple:
@@ -96,13 +102,14 @@ def ep_plan(batch: int, length: int, num_experts: int):
         key = (batch, length, axes)
         if key not in _WARNED and batch > 1:  # batch 1 = shape-only init or single-row decode
             _WARNED.add(key)
-            logging.warning("expert parallelism over %s skipped for a [%d, %d] token block: %s shard neither "
+            _log.warning("expert parallelism over %s skipped for a [%d, %d] token block: %s shard neither "
                             "batch nor length (make them divisible by the mesh axes)", axes, batch, length, missing)
         return None
     return axes, b_axes, l_axes
 
 
 _WARNED: set = set()
+_log = logging.getLogger(__name__)
 
 
 def expert_parallel_dispatch(x_BLD, ids_BLK, weights_BLK, w_gate, w_up, w_down, m, plan=None):
@@ -123,7 +130,7 @@ def expert_parallel_dispatch(x_BLD, ids_BLK, weights_BLK, w_gate, w_up, w_down, 
         b, l, _ = x.shape
         T = b * l
         A = T * K
-        cap = A if factor <= 0 else min(A, max(1, int(math.ceil(factor * A / W))))
+        cap = A if factor <= 0 else min(A, max(1, math.ceil(factor * A / W)))
         flat = ids.reshape(A).astype(jnp.int32)
         dest = flat // e_local
         order = jnp.argsort(dest, stable=True)

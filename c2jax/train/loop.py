@@ -41,6 +41,17 @@ def _is_hf_dir(path):
         or os.path.exists(os.path.join(path, "model.safetensors.index.json")))
 
 
+def load_run_config(run_dir: str):
+    """The config a run was launched with (its config.json)."""
+    import ml_collections
+    with open(os.path.join(run_dir, "config.json")) as f:
+        d = json.load(f)
+    for key in ("axes", "shape"):
+        d["mesh"][key] = tuple(d["mesh"][key])
+    d["mesh"]["rules"] = tuple((r[0], tuple(r[1]) if isinstance(r[1], list) else r[1]) for r in d["mesh"]["rules"])
+    return ml_collections.ConfigDict(d)
+
+
 def load_run_params(run_dir: str, cfg, shardings=None):
     """Params of the latest checkpoint in a c2jax run directory."""
     ckpt = Checkpointer(os.path.join(run_dir, "checkpoints"), every=1, keep=1000, async_save=False)

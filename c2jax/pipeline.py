@@ -1,0 +1,165 @@
+"""End-to-end stages wired together: CPT -> SFT (oracle transcripts in the harness's own token
+format) -> RL -> evaluation on held-out tasks, plus helpers the CLI's `eval` command uses."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+
+import numpy as np
+
+from c2jax.agent import chat_format as cf
+from c2jax.agent.policy import OraclePolicy, SamplerPolicy, TextPolicy
+from c2jax.agent.runner import EpisodeConfig, run_episodes
+from c2jax.agent.sandbox import Sandbox
+from c2jax.config import load_config
+from c2jax.data.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+
+class ReadThenFixPolicy(TextPolicy):
+    """Oracle that first reads every file its fix touches, then applies the reference fix, then
+    answers: transcripts a small model can imitate (the fix's text is visible in the context)."""
+
+    def __init__(self, task):
+        self.oracle = OraclePolicy(task)
+        paths = []
+        for item in task.reference_solution:
+            for call in (item if isinstance(item, (list, tuple)) else [item]):
+                p = call.get("arguments", {}).get("path")
+                if p and p not in paths and p in task.files:
+                    paths.append(p)
+        self.reads = [{"name": "read_file", "arguments": {"path": p}} for p in paths]
+        self.did_read = not self.reads
+
+    def next_message(self, context, codec) -> str:
+        if not self.did_read:
+            self.did_read = True
+            return cf.render_assistant(calls=self.reads)
+        return self.oracle.next_message(context, codec)
+
+
+def episode_config(max_turns: int = 6, max_new_tokens: int = 256, max_total_tokens: int = 2048) -> EpisodeConfig:
+    """The harness settings used by the tiny pipeline (short system prompt, few turns)."""
+    return EpisodeConfig(max_turns=max_turns, max_new_tokens=max_new_tokens, max_total_tokens=max_total_tokens,
+                         list_tools_in_system=False, max_tool_output_chars=2000)
+
+
+def write_oracle_transcripts(tokenizer, out_path: str, suites=("synthetic:1",), n_per_suite: int = 256,
+                             seed: int = 0, max_tokens: int = 1024) -> dict:
+    """Run the read-then-fix oracle over train-split tasks in the sandbox; write the passing
+    episodes' exact tokens and model-token masks as JSONL for SFT."""
+    from c2jax.tasks import load_suite
+    tasks = [t for s in suites for t in load_suite(s, "train", n=n_per_suite, seed=seed)]
+    results = run_episodes(tasks, ReadThenFixPolicy, tokenizer, Sandbox(), episode_config(), concurrency=4)
+    kept = too_long = failed = 0
+    os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
+    with open(out_path, "w") as f:
+        for r in results:
+            traj = r.trajectory
+            if not (r.grade and r.grade.passed):
+                failed += 1
+                continue
+            if len(traj.tokens_T) > max_tokens:
+                too_long += 1
+                continue
+            f.write(json.dumps({"tokens": traj.tokens_T.tolist(),
+                                "loss_mask": traj.loss_mask_T.astype(int).tolist(),
+                                "task_id": traj.task_id}) + "\n")
+            kept += 1
+    return {"tasks": len(tasks), "kept": kept, "failed": failed, "too_long": too_long}
+
+
+def model_policy_factory(cfg, params, tokenizer, *, max_len: int = 2048, temperature: float = 1.0,
+                         seed: int = 0, max_batch: int = 4):
+    """A policy factory over one shared jitted sampler (token-in/token-out harness adapter)."""
+    from c2jax.sampling import HarnessSampler, Sampler
+    sampler = Sampler(cfg, params, max_batch=max_batch, max_len=max_len)
+    stops = [tokenizer.token_id(cf.st.END_TURN), tokenizer.eos_id]
+    harness = HarnessSampler(sampler, temperature=temperature, stop_token_ids=stops, seed=seed)
+    return (lambda task: SamplerPolicy(harness)), harness
+
+
+def evaluate_run(run_dir: str, out_dir: str, *, suites=("synthetic:1",), n_tasks: int = 16, passes: int = 4,
+                 temperature: float = 1.0, seed: int = 0, params=None, cfg=None) -> dict:
+    """pass@1 (mean over passes) and best-of-K of a trained run's model on held-out tasks."""
+    from c2jax.evals.benchmark import run_benchmark
+    from c2jax.tasks import load_suite
+    from c2jax.train.loop import load_run_config, load_run_params
+    if cfg is None:
+        cfg = load_run_config(run_dir)
+    tokenizer = Tokenizer.load(run_dir)
+    if params is None:
+        params = load_run_params(run_dir, cfg)
+    factory, _ = model_policy_factory(cfg, params, tokenizer, temperature=temperature, seed=seed)
+    tasks = {s: load_suite(s, "heldout", n=n_tasks, seed=seed) for s in suites}
+    return run_benchmark(tasks, factory, passes, tokenizer=tokenizer, sandbox=Sandbox(), config=episode_config(),
+                         out_dir=out_dir, active_params=None, concurrency=1, policy_name=os.path.basename(run_dir))
+
+
+def _suite_row(report: dict, suite: str) -> dict:
+    s = report["suites"][suite]
+    return {k: s.get(k) for k in ("accuracy", "pass_at_k", "completion_tokens_per_task", "malformed_call_rate")}
+
+
+def run_demo(workdir: str, overrides=(), quick: bool = False) -> int:
+    """The quick start: CPT -> SFT -> RL -> held-out eval of the tiny model, printing a table."""
+    from c2jax.train.loop import run_training
+    t0 = time.time()
+    os.makedirs(workdir, exist_ok=True)
+    cpt_dir, sft_dir = os.path.join(workdir, "cpt"), os.path.join(workdir, "sft")
+    overrides = list(overrides)
+
+    print("== 1/4 continued pretraining (stdlib code corpus) ==", flush=True)
+    cpt_cfg = load_config("configs/stages/cpt.py:tiny", overrides)
+    cpt = run_training(cpt_cfg, cpt_dir)
+    tokenizer = Tokenizer.load(cpt_dir)
+
+    print("== 2/4 SFT on oracle transcripts (synthetic train tasks, harness token format) ==", flush=True)
+    sft_path = os.path.join(workdir, "sft_transcripts.jsonl")
+    tstats = write_oracle_transcripts(tokenizer, sft_path, n_per_suite=128 if quick else 512)
+    print(f"transcripts: {tstats}", flush=True)
+    sft_cfg = load_config("configs/stages/sft.py:tiny", [
+        f"--config.train.init_from={cpt_dir}", f"--config.data.sft_path={sft_path}",
+        "--config.train.seq_len=1024", "--config.train.batch_size=8",
+        f"--config.train.steps={60 if quick else 200}", "--config.train.lr=2e-3",
+        "--config.train.eval_every=0", *overrides])
+    sft = run_training(sft_cfg, sft_dir)
+
+    print("== 3/4 RL (async, Dr. GRPO, router replay) ==", flush=True)
+    rl_summary, rl_dir = None, None
+    try:
+        from c2jax.rl.loop import run_rl
+        rl_cfg = load_config("configs/rl_tiny.py", [f"--config.train.init_from={sft_dir}", *overrides])
+        rl_dir = os.path.join(workdir, "rl")
+        rl_summary = run_rl(rl_cfg, rl_dir)
+    except ImportError as e:
+        print(f"RL stage not available in this build ({e}); evaluating the SFT model only", flush=True)
+
+    print("== 4/4 held-out evaluation (pass@1 and best-of-K) ==", flush=True)
+    before = evaluate_run(sft_dir, os.path.join(workdir, "eval_sft"), n_tasks=8 if quick else 16,
+                          passes=2 if quick else 4)
+    rows = [("CPT -> SFT", before)]
+    if rl_dir:
+        rows.append(("CPT -> SFT -> RL", evaluate_run(rl_dir, os.path.join(workdir, "eval_rl"),
+                                                     n_tasks=8 if quick else 16, passes=2 if quick else 4)))
+    print("\n| stage | held-out loss (first -> last) | codebase ppl |", flush=True)
+    print("|---|---|---|")
+    print(f"| CPT | {cpt['initial_eval'].get('heldout_loss', float('nan')):.3f} -> "
+          f"{cpt['final_eval'].get('heldout_loss', float('nan')):.3f} | "
+          f"{cpt['initial_eval']['codebase_ppl']:.1f} -> {cpt['final_eval']['codebase_ppl']:.1f} |")
+    print(f"| SFT | -> {sft['final_eval'].get('heldout_loss', float('nan')):.3f} | "
+          f"{sft['final_eval']['codebase_ppl']:.1f} |")
+    print("\n| model | suite | pass@1 | best-of-K | completion tokens |")
+    print("|---|---|---|---|---|")
+    for name, report in rows:
+        for suite in report["suites"]:
+            r = _suite_row(report, suite)
+            pk = r["pass_at_k"] or {}
+            kmax = max(pk, key=lambda k: int(k)) if pk else None
+            print(f"| {name} | {suite} | {r['accuracy']:.3f} | "
+                  f"{(pk[kmax] if kmax else float('nan')):.3f} (K={kmax}) | {r['completion_tokens_per_task']:.0f} |")
+    print(f"\ndemo finished in {time.time() - t0:.0f} s; runs in {workdir}", flush=True)
+    return 0
