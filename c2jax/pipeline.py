@@ -7,7 +7,6 @@ import logging
 import os
 import time
 
-import numpy as np
 
 from c2jax.agent import chat_format as cf
 from c2jax.agent.policy import OraclePolicy, SamplerPolicy, TextPolicy
@@ -129,12 +128,12 @@ def run_demo(workdir: str, overrides=(), quick: bool = False) -> int:
     sft = run_training(sft_cfg, sft_dir)
 
     print("== 3/4 RL (async, Dr. GRPO, router replay) ==", flush=True)
-    rl_summary, rl_dir = None, None
+    rl_dir = None
     try:
         from c2jax.rl.loop import run_rl
         rl_cfg = load_config("configs/rl_tiny.py", [f"--config.train.init_from={sft_dir}", *overrides])
         rl_dir = os.path.join(workdir, "rl")
-        rl_summary = run_rl(rl_cfg, rl_dir)
+        run_rl(rl_cfg, rl_dir)
     except ImportError as e:
         print(f"RL stage not available in this build ({e}); evaluating the SFT model only", flush=True)
 

@@ -10,7 +10,10 @@ Self-summarization hook: set EpisodeConfig.context_trigger_tokens and context_ho
 model turn, when the current segment holds >= trigger tokens, context_hook(state) is called;
 it may use state.append_env(), state.generate() and state.restart(prefix_text) (which closes
 the current segment as a Trajectory and starts a new one). EpisodeResult.segments holds all
-segments in order; EpisodeResult.trajectory is the last one.
+segments in order; EpisodeResult.trajectory is the last one. c2jax.agent.summarize provides
+the hooks (self-summarization, prompt-based compaction, truncation). With
+EpisodeConfig.max_context_tokens set, a segment that reaches it ends the episode
+("context_full"), as a model with that context window would.
 """
 from __future__ import annotations
 
@@ -57,12 +60,15 @@ class EpisodeConfig:
     keep_workspace: bool = False        # leave the workspace on disk (EpisodeResult.workspace)
     context_trigger_tokens: int | None = None   # self-summarization trigger (segment length)
     context_hook: Callable[[EpisodeState], None] | None = None
+    max_context_tokens: int | None = None       # context window of one segment (None: unbounded)
 
     def __post_init__(self):
         for name in ("max_turns", "max_total_tokens", "max_new_tokens", "max_tool_output_chars",
                      "max_calls_per_turn", "max_call_chars"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"EpisodeConfig.{name} must be > 0, got {getattr(self, name)}")
+        if self.max_context_tokens is not None and self.max_context_tokens <= 0:
+            raise ValueError(f"EpisodeConfig.max_context_tokens must be > 0 or None, got {self.max_context_tokens}")
 
 
 @dataclasses.dataclass
@@ -90,6 +96,8 @@ class EpisodeState:
         self.task, self.policy, self.codec, self.config, self.stats = task, policy, codec, config, stats
         self.segments: list[Trajectory] = []
         self.total_tokens = 0
+        self.system_text = ""    # set by run_episode: the rendered system prompt's text
+        self.extra: dict = {}    # per-episode scratch space for context hooks
         self._new_segment()
 
     def _new_segment(self):
@@ -112,8 +120,24 @@ class EpisodeState:
         self.stats["env_tokens"] += len(ids)
         return len(ids)
 
+    def append_env_tokens(self, ids) -> int:
+        """Appends already-encoded environment tokens (e.g. kept history after a truncation)."""
+        ids = [int(i) for i in ids]
+        self.tokens += ids
+        self.mask += [False] * len(ids)
+        self.logprobs += [0.0] * len(ids)
+        self.versions += [-1] * len(ids)
+        self.experts.append(None)
+        self.chunk_lens.append(len(ids))
+        self.total_tokens += len(ids)
+        self.stats["env_tokens"] += len(ids)
+        return len(ids)
+
     def budget(self) -> int:
-        return self.config.max_total_tokens - self.total_tokens
+        b = self.config.max_total_tokens - self.total_tokens
+        if self.config.max_context_tokens:
+            b = min(b, self.config.max_context_tokens - len(self.tokens))
+        return b
 
     def generate(self, max_new_tokens: int | None = None) -> list[int]:
         """One policy call on the current context; appends and returns the model tokens."""
@@ -151,12 +175,15 @@ class EpisodeState:
         self.stats["completion_tokens"] += m
         return ids
 
-    def restart(self, prefix_text: str) -> None:
-        """Closes the current segment and starts a new one from `prefix_text` (env tokens)."""
-        self.segments.append(self.to_trajectory("summarized"))
+    def restart(self, prefix_text: str, reason: str = "summarized", carry_ids=None) -> None:
+        """Closes the current segment (finish_reason `reason`) and starts a new one from
+        `prefix_text` (env tokens), followed by `carry_ids` (token ids, env) if given."""
+        self.segments.append(self.to_trajectory(reason))
         self.stats["segments"] = len(self.segments) + 1
         self._new_segment()
         self.append_env(prefix_text)
+        if carry_ids is not None and len(carry_ids):
+            self.append_env_tokens(carry_ids)
 
     def to_trajectory(self, finish_reason: str) -> Trajectory:
         experts = None
@@ -235,8 +262,9 @@ def run_episode(task, policy: Policy, tokenizer=None, sandbox=None, config: Epis
     final_message = ""
     finish = ""
     interruption = task_attr(task, "interruption")
+    state.system_text = system_text(task, config, tools)
     try:
-        state.append_env(cf.render_system(system_text(task, config, tools)) + cf.render_user(task.prompt)
+        state.append_env(cf.render_system(state.system_text) + cf.render_user(task.prompt)
                          + cf.assistant_prefix())
         while True:
             if stats["turns"] >= config.max_turns:
@@ -245,6 +273,9 @@ def run_episode(task, policy: Policy, tokenizer=None, sandbox=None, config: Epis
             if (config.context_hook is not None and config.context_trigger_tokens
                     and len(state.tokens) >= config.context_trigger_tokens):
                 config.context_hook(state)
+            if config.max_context_tokens and len(state.tokens) >= config.max_context_tokens:
+                finish = "context_full"
+                break
             if state.budget() <= 0:
                 finish = "max_tokens"
                 break

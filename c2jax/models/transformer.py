@@ -6,7 +6,6 @@ N MoE layers (stacked), Y any stacked layer count.
 """
 from __future__ import annotations
 
-import functools
 from typing import Any, NamedTuple
 
 import flax.linen as nn

@@ -60,8 +60,10 @@ def load_run_params(run_dir: str, cfg, shardings=None):
         raise FileNotFoundError(f"{run_dir}: no checkpoints to start from")
     import orbax.checkpoint as ocp
     shapes = jax.eval_shape(lambda: init_params(cfg, jax.random.key(0)))
-    if shardings is not None:
-        shapes = abstract_like(shapes, shardings)
+    if shardings is None:
+        one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        shardings = jax.tree.map(lambda _: one, shapes)
+    shapes = abstract_like(shapes, shardings)
     restored = ckpt.manager.restore(step, args=ocp.args.Composite(
         state=ocp.args.PyTreeRestore(item={"params": shapes}, partial_restore=True)))
     ckpt.close()

@@ -1,0 +1,102 @@
+"""The `rl` config section: the RL objective (losses.default_rl_loss_config) plus the
+orchestrator, weight sync, durability and evaluation fields.
+
+    cfg.rl = rl_defaults()       # until c2jax/config.py attaches it by default
+    validate_rl(cfg.rl)          # raises ConfigError naming the bad field
+"""
+from __future__ import annotations
+
+import ml_collections
+
+from c2jax.rl.losses import default_rl_loss_config, validate_rl_loss_config
+
+BACKENDS = ("threads", "ray")
+STALE_POLICIES = ("drop", "reweight", "keep")
+ENVS = ("harness", "toy")
+
+
+def rl_defaults() -> ml_collections.ConfigDict:
+    """Every RL field with its default; values the report does not state say so."""
+    c = default_rl_loss_config()
+    # --- rollouts ---
+    c.env = "harness"  # "harness" (agent episodes on task suites) | "toy" (token bandit; tests/benchmarks)
+    c.suites = ("synthetic:1",)  # training task suites (c2jax.tasks.load_suite names)
+    c.suite_weights = ()  # sampling weight per suite (empty = equal)
+    c.eval_suites = ()  # held-out suites for pass@1 / best-of-K (empty = same as suites)
+    c.num_train_tasks = 0  # distinct training prompts (0 = steps * prompts_per_step; each used once)
+    c.group_size = 4  # attempts per prompt (G)
+    c.prompts_per_step = 2  # groups per learner step (P)
+    c.steps = 10  # learner steps (policy versions published)
+    c.staleness = 1  # max versions between a group's start version and the learner's (0 = synchronous)
+    c.stale_policy = "drop"  # groups over the bound (after restarts): "drop" | "reweight" | "keep"
+    c.stale_decay = 0.5  # reweight: advantages x decay^(excess staleness)
+    c.temperature = 1.0  # sampling temperature (the learner scores logits / temperature too)
+    c.max_new_tokens = 128  # per assistant message
+    c.max_turns = 4  # assistant messages per episode
+    c.max_total_tokens = 768  # context budget of an episode (sampler max_len = this + 1)
+    c.list_tools_in_system = False  # append the tool JSON specs to the system prompt
+    c.env_workers = 8  # concurrent episodes (threads)
+    c.sampler_slots = 8  # sampler cache slots (concurrent sequences)
+    c.sampler_chunk = 16  # decode steps per on-device loop
+    c.curriculum_strength = 0.0  # later in training upsample harder suites by (1 + s * progress * hardness)
+    # --- learner ---
+    c.router_replay = True  # force the sampler's recorded experts (gate scores still from the learner)
+    c.replay_threshold = 0.0  # copied to model.replay_threshold: replace forced experts scoring < thr * own k-th
+    c.length_bucket = 64  # learner batch padded length is a multiple of this (few compiles)
+    c.data_shards = 1  # learner batch is ordered so each data shard gets a balanced token count
+    # --- weight sync ---
+    c.delta_full_every = 10  # publish a full snapshot every N versions, lossless deltas in between
+    c.sync_dtype = "float32"  # dtype of the sampler's copy of the weights ("float32" | "bfloat16")
+    c.log_delta = True  # measure delta vs full size at every publish (threads backend too)
+    # --- durability / logging ---
+    c.checkpoint_every = 1  # learner checkpoint every N steps (groups are checkpointed as they finish)
+    c.keep_checkpoints = 3  # learner checkpoints kept
+    c.eval_every = 0  # held-out pass@1 / best-of-K every N steps (0 = only at the start and end; <0 = never)
+    c.eval_tasks = 8  # held-out tasks per eval
+    c.eval_k = 4  # attempts per held-out task (best-of-K)
+    c.eval_temperature = 1.0  # sampling temperature of the eval attempts
+    c.worker_restarts = 100  # give up after this many sampler/env worker restarts
+    c.backend = "threads"  # "threads" (one process) | "ray" (actors; needs `pip install ray`)
+    c.toy_target = 7  # toy env: the rewarded token id
+    c.toy_prompt_len = 8  # toy env: prompt length
+    return c
+
+
+def validate_rl(r, model=None) -> None:
+    """Raise ConfigError naming the bad `rl.` field."""
+    from c2jax.config import ConfigError
+    ref = rl_defaults()
+    for key in r.keys():
+        if key not in ref:
+            raise ConfigError(f"unknown config key 'rl.{key}'")
+    try:
+        validate_rl_loss_config(r)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    for key in ("group_size", "prompts_per_step", "steps", "max_new_tokens", "max_turns", "max_total_tokens",
+                "env_workers", "sampler_slots", "sampler_chunk", "delta_full_every", "length_bucket",
+                "data_shards", "checkpoint_every", "eval_k", "eval_tasks"):
+        if int(r[key]) < 1:
+            raise ConfigError(f"rl.{key} must be >= 1, got {r[key]}")
+    if r.staleness < 0:
+        raise ConfigError(f"rl.staleness must be >= 0 (0 = synchronous), got {r.staleness}")
+    if r.backend not in BACKENDS:
+        raise ConfigError(f"rl.backend must be one of {BACKENDS}, got {r.backend!r}")
+    if r.stale_policy not in STALE_POLICIES:
+        raise ConfigError(f"rl.stale_policy must be one of {STALE_POLICIES}, got {r.stale_policy!r}")
+    if r.env not in ENVS:
+        raise ConfigError(f"rl.env must be one of {ENVS}, got {r.env!r}")
+    if r.sync_dtype not in ("float32", "bfloat16"):
+        raise ConfigError(f"rl.sync_dtype must be 'float32' or 'bfloat16', got {r.sync_dtype!r}")
+    if r.temperature <= 0:
+        raise ConfigError("rl.temperature must be > 0 (the learner divides logits by it)")
+    if r.suite_weights and len(r.suite_weights) != len(r.suites):
+        raise ConfigError(f"rl.suite_weights has {len(r.suite_weights)} entries for {len(r.suites)} suites")
+    if not r.suites:
+        raise ConfigError("rl.suites is empty; name at least one task suite (e.g. 'synthetic:1')")
+    if r.sampler_slots < r.group_size and r.env == "toy":
+        raise ConfigError(f"rl.sampler_slots={r.sampler_slots} must be >= rl.group_size={r.group_size}")
+    if r.replay_threshold < 0:
+        raise ConfigError("rl.replay_threshold must be >= 0 (0 = never replace replayed experts)")
+    if model is not None and r.max_total_tokens + 1 > model.max_position_embeddings:
+        raise ConfigError(f"rl.max_total_tokens={r.max_total_tokens} exceeds model.max_position_embeddings")

@@ -1,0 +1,217 @@
+"""The RL learner: trajectories -> padded batch -> jitted Dr. GRPO step with router replay.
+
+The learner never imports the harness or the sampler: it reads `Trajectory` arrays only.
+
+Router replay. A trajectory records, for every input position, the experts the sampler routed
+it to (`expert_ids_TNK`, -1 where nothing was recorded, e.g. environment tokens). The step
+first runs a no-gradient forward with the learner's own routing (this also gives the
+"recompute" logprobs and the mismatch *without* replay), fills the unrecorded positions with
+the learner's own picks, then runs the differentiated forward with those forced experts: the
+gate weights still come from the learner's router, so the router gets gradients. With
+`rl.replay_threshold` > 0 a forced expert whose score is below thr x the learner's own k-th
+score is replaced by the learner's pick (c2jax.models.moe.select_experts).
+
+Letters: B sequences, L padded length, N MoE layers, K experts per token, V vocab.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+
+from c2jax.models import forward
+from c2jax.models.moe import resolve_dispatch
+from c2jax.models.transformer import layer_counts, model_cfg
+from c2jax.rl.advantages import apply_kl_penalty, broadcast_advantages
+from c2jax.rl.losses import _masked_p99, policy_loss
+from c2jax.train.optimizer import make_optimizer
+from c2jax.train.step import _tree_all_finite, init_state, token_nll
+
+
+def learner_cfg(cfg) -> ml_collections.ConfigDict:
+    """A copy of cfg whose model routes exactly like the sampler (no dropped tokens) and carries
+    rl.replay_threshold."""
+    cfg = ml_collections.ConfigDict(cfg.to_dict())
+    m = cfg.model
+    if m.num_experts:
+        if resolve_dispatch(m) == "capacity":
+            m.moe_dispatch = "capacity"
+            m.capacity_factor = float(m.num_experts) / m.num_experts_per_tok  # capacity = tokens: dropless
+        m.replay_threshold = float(cfg.rl.replay_threshold)
+    return cfg
+
+
+# ----------------------------------------------------------------------------- batches
+
+
+def balance_order(lengths, num_shards: int) -> list[int]:
+    """Order of sequences so that contiguous equal shards have balanced token counts (longest
+    processing time first: each sequence goes to the lightest shard with room)."""
+    n = len(lengths)
+    if num_shards <= 1 or n % num_shards:
+        return list(range(n))
+    per = n // num_shards
+    shards = [[] for _ in range(num_shards)]
+    load = [0] * num_shards
+    for i in sorted(range(n), key=lambda i: -lengths[i]):
+        s = min((s for s in range(num_shards) if len(shards[s]) < per), key=lambda s: load[s])
+        shards[s].append(i)
+        load[s] += lengths[i]
+    return [i for sh in shards for i in sorted(sh)]
+
+
+def build_batch(trajs, advantages_B, length_bucket: int = 64, weights_B=None, num_moe_layers: int = 0,
+                top_k: int = 0, max_len: int | None = None) -> dict:
+    """Next-token batch from trajectories (numpy). Position t predicts token t+1.
+
+    Keys: inputs, targets, positions, segment_ids [B, L] int32; loss_mask [B, L] bool;
+    behaviour_logp [B, L] f32; advantages [B] f32 (x weights_B); truncated [B] bool;
+    forced_ids [N, B, L, K] int32 (-1 = not recorded) when num_moe_layers.
+    """
+    B = len(trajs)
+    T_max = max(len(t.tokens_T) for t in trajs) - 1
+    L = max(length_bucket, int(math.ceil(T_max / length_bucket)) * length_bucket)
+    if max_len is not None:
+        L = min(L, max_len)
+    b = {"inputs": np.zeros((B, L), np.int32), "targets": np.zeros((B, L), np.int32),
+         "positions": np.tile(np.arange(L, dtype=np.int32), (B, 1)), "segment_ids": np.zeros((B, L), np.int32),
+         "loss_mask": np.zeros((B, L), bool), "behaviour_logp": np.zeros((B, L), np.float32),
+         "advantages": np.asarray(advantages_B, np.float32).copy(), "truncated": np.zeros((B,), bool)}
+    if weights_B is not None:
+        b["advantages"] *= np.asarray(weights_B, np.float32)
+    if num_moe_layers:
+        b["forced_ids"] = np.full((num_moe_layers, B, L, top_k), -1, np.int32)
+    for i, t in enumerate(trajs):
+        n = min(len(t.tokens_T) - 1, L)
+        b["inputs"][i, :n] = t.tokens_T[:n]
+        b["targets"][i, :n] = t.tokens_T[1:n + 1]
+        b["segment_ids"][i, :n] = 1
+        b["loss_mask"][i, :n] = t.loss_mask_T[1:n + 1]
+        b["behaviour_logp"][i, :n] = t.logprobs_T[1:n + 1]
+        b["truncated"][i] = t.finish_reason in ("max_tokens", "max_turns", "max_new_tokens", "length", "max_len")
+        ex = t.expert_ids_TNK
+        if num_moe_layers and ex is not None and ex.ndim == 3 and ex.shape[1:] == (num_moe_layers, top_k):
+            b["forced_ids"][:, i, :n] = np.transpose(ex[:n], (1, 0, 2))
+    return b
+
+
+# ----------------------------------------------------------------------------- the step
+
+
+def _logp(cfg, params, batch, forced):
+    out = forward(cfg, params, batch["inputs"], batch["positions"], batch["segment_ids"],
+                  forced_expert_ids=forced, return_aux=True)
+    nll, _ = token_nll(out.logits / cfg.rl.temperature, batch["targets"])
+    return -nll, out.aux
+
+
+def _mismatch(logp_BL, behaviour_BL, mask_BL):
+    on = mask_BL
+    d = jnp.where(on, jnp.abs(logp_BL - behaviour_BL), 0.0)
+    n = jnp.maximum(jnp.sum(on), 1)
+    return jnp.sum(d) / n, _masked_p99(d, on)
+
+
+def rl_train_step(cfg, optimizer, state, ref_params, batch):
+    """One learner step. Returns (new_state, metrics)."""
+    r = cfg.rl
+    m = model_cfg(cfg)
+    mask = batch["loss_mask"]
+    _, n_moe = layer_counts(m)
+    replay = bool(r.router_replay) and n_moe > 0 and "forced_ids" in batch
+    forced = None
+    metrics = {}
+    if replay:
+        own_logp, own_aux = _logp(cfg, jax.lax.stop_gradient(state["params"]), batch, None)
+        own_ids = own_aux["expert_ids"].astype(jnp.int32)                      # [N, B, L, K]
+        rec = batch["forced_ids"]
+        recorded = jnp.all(rec >= 0, axis=-1, keepdims=True)
+        forced = jnp.where(recorded, rec, own_ids)
+        same = jnp.all(jnp.sort(own_ids, -1) == jnp.sort(rec, -1), axis=-1)    # [N, B, L]
+        tok = recorded[..., 0] & mask[None]
+        metrics["route_agreement"] = jnp.sum(same & tok) / jnp.maximum(jnp.sum(tok), 1)
+        metrics["replayed_fraction"] = jnp.sum(tok) / jnp.maximum(jnp.sum(mask) * n_moe, 1)
+        mm, p99 = _mismatch(own_logp, batch["behaviour_logp"], mask)
+        metrics["logprob_mismatch_noreplay_mean"], metrics["logprob_mismatch_noreplay_p99"] = mm, p99
+    ref_logp = None
+    if r.kl_coef > 0:
+        ref_logp, _ = _logp(cfg, ref_params, batch, None)
+        ref_logp = jax.lax.stop_gradient(ref_logp)
+
+    def loss_fn(params):
+        logp, aux = _logp(cfg, params, batch, forced)
+        if ref_logp is not None:
+            adv = apply_kl_penalty(batch["advantages"], logp, ref_logp, mask, r.kl_coef, r.kl_estimator, r.kl_to_go)
+        else:
+            adv = broadcast_advantages(batch["advantages"], logp.shape)
+        loss, lm = policy_loss(logp, batch["behaviour_logp"], adv, mask, r, batch["truncated"], ref_logp)
+        if "replaced_fraction" in aux:
+            lm["replay_replaced_fraction"] = jnp.mean(aux["replaced_fraction"])
+        lm["logp_mean"] = jnp.sum(jnp.where(mask, jax.lax.stop_gradient(logp), 0.0)) / jnp.maximum(jnp.sum(mask), 1)
+        return loss, lm
+
+    (loss, lm), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
+    finite = jnp.isfinite(loss) & _tree_all_finite(grads)
+    updates, new_opt = optimizer.update(grads, state["opt_state"], state["params"])
+    new_params = optax.apply_updates(state["params"], updates)
+    keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)  # noqa: E731
+    new_state = {"params": keep(new_params, state["params"]), "opt_state": keep(new_opt, state["opt_state"]),
+                 "step": state["step"] + 1, "rng": state["rng"]}
+    metrics.update(lm)
+    metrics["logprob_mismatch_mean"] = metrics.pop("logprob_mismatch_mean_abs")
+    metrics["grad_norm"] = optax.global_norm(grads)
+    metrics["skipped"] = (~finite).astype(jnp.int32)
+    return new_state, metrics
+
+
+def score_fn(cfg):
+    """Jitted (params, batch, forced_or_None) -> (logp_BL, aux): the learner's scoring forward."""
+    cfg = learner_cfg(cfg)
+    return jax.jit(lambda p, b, f: _logp(cfg, p, b, f))
+
+
+class Learner:
+    """Holds the train state and the reference params; `step(trajs, advantages)` updates."""
+
+    def __init__(self, cfg, params, ref_params=None, seed: int = 0):
+        self.cfg = learner_cfg(cfg)
+        self.optimizer = make_optimizer(self.cfg.train)
+        self.state = init_state(self.cfg, self.optimizer, params, seed)
+        self.ref_params = params if ref_params is None else ref_params
+        if self.cfg.rl.kl_coef > 0:  # keep an independent copy: the state is donated
+            self.ref_params = jax.tree.map(jnp.array, self.ref_params)
+        m = self.cfg.model
+        _, self.num_moe_layers = layer_counts(m)
+        self.top_k = m.num_experts_per_tok if self.num_moe_layers else 0
+        self._step = jax.jit(functools.partial(rl_train_step, self.cfg, self.optimizer), donate_argnums=(0,))
+
+    @property
+    def version(self) -> int:
+        return int(self.state["step"])
+
+    @property
+    def params(self):
+        return self.state["params"]
+
+    def make_batch(self, trajs, advantages_B, weights_B=None) -> dict:
+        r = self.cfg.rl
+        order = balance_order([len(t.tokens_T) for t in trajs], r.data_shards)
+        trajs = [trajs[i] for i in order]
+        adv = np.asarray(advantages_B)[order]
+        w = None if weights_B is None else np.asarray(weights_B)[order]
+        return build_batch(trajs, adv, r.length_bucket, w, self.num_moe_layers, self.top_k,
+                           max_len=self.cfg.model.max_position_embeddings)
+
+    def step(self, trajs, advantages_B, weights_B=None) -> dict:
+        batch = self.make_batch(trajs, advantages_B, weights_B)
+        ref = self.ref_params if self.cfg.rl.kl_coef > 0 else None
+        self.state, metrics = self._step(self.state, ref, batch)
+        out = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        out["batch_tokens"] = int(batch["segment_ids"].sum())
+        out["batch_padded_len"] = int(batch["inputs"].shape[1])
+        return out

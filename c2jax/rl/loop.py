@@ -1,0 +1,247 @@
+"""`run_rl(cfg, workdir) -> summary`: the asynchronous RL run (threads backend by default).
+
+    cfg = load_config("configs/rl_tiny.py"); run_rl(cfg, "runs/rl")
+
+Per learner step: take P finished groups (oldest first) from the orchestrator, drop/reweight
+over-stale ones, group advantages (Dr. GRPO), one learner step (router replay, k1 KL penalty,
+truncated IS), checkpoint {state, consumed group indices}, publish version+1 to the sampler
+(in flight) and, measured, as a lossless delta; metrics: reward and each term, pass rates,
+staleness histogram, tokens/s, sampler idle fraction, logprob mismatch (with / without
+replay), KL, delta size; held-out pass@1 and best-of-K every rl.eval_every steps.
+
+Resume: rerunning on the same workdir restores the latest learner checkpoint, reloads finished
+unconsumed groups from workdir/groups and requeues admitted unfinished ones.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import logging
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from c2jax.rl.advantages import group_advantages
+from c2jax.rl.config import rl_defaults, validate_rl
+from c2jax.rl.learner import Learner
+from c2jax.rl.orchestrator import Orchestrator, PromptSource
+from c2jax.rl.rollout import HarnessEnv, SamplerService, ToyEnv
+from c2jax.rl.store import GroupStore
+from c2jax.rl.weight_sync import WeightPublisher
+
+log = logging.getLogger(__name__)
+
+
+def _initial_params(cfg):
+    from c2jax.models import init_params
+    src = cfg.train.init_from
+    if not src:
+        return init_params(cfg, jax.random.key(cfg.seed))
+    from c2jax.train.loop import _is_hf_dir, load_run_params
+    if _is_hf_dir(src):
+        from c2jax import hf
+        _, params = hf.load(src, dtype=cfg.model.param_dtype)
+        return params
+    return load_run_params(src, cfg)
+
+
+def _tokenizer(cfg, workdir):
+    from c2jax.data.tokenizer import Tokenizer
+    for d in (workdir, cfg.train.init_from):
+        if d and os.path.exists(os.path.join(d, "tokenizer.json")):
+            if d != workdir:
+                import shutil
+                shutil.copy(os.path.join(d, "tokenizer.json"), os.path.join(workdir, "tokenizer.json"))
+            return Tokenizer.load(d)
+    return None  # the harness falls back to its byte codec
+
+
+def make_env(cfg, workdir):
+    r = cfg.rl
+    if r.env == "toy":
+        return ToyEnv(r, cfg.model.vocab_size)
+    tok = _tokenizer(cfg, workdir)
+    if tok is not None and tok.vocab_size > cfg.model.vocab_size:
+        from c2jax.config import ConfigError
+        raise ConfigError(f"the tokenizer has {tok.vocab_size} tokens but model.vocab_size={cfg.model.vocab_size}")
+    return HarnessEnv(r, tok)
+
+
+def evaluate(env, service, tasks, k: int, temperature: float, seed: int, workers: int, tag: str) -> dict:
+    """pass@1 (mean success over all attempts) and best-of-K (any success per task)."""
+    def one(args):
+        i, j = args
+        _, passed = env.episode(tasks[i], service, f"eval/{tag}/{i}/{j}", seed, temperature, group_id=f"eval{i}")
+        return i, passed
+    ok = np.zeros((len(tasks), k), bool)
+    with concurrent.futures.ThreadPoolExecutor(max(workers, 1)) as ex:
+        for i, passed in ex.map(one, [(i, j) for i in range(len(tasks)) for j in range(k)]):
+            ok[i, [j for j in range(k) if not ok[i, j]][0]] = passed
+    return {"eval/pass_at_1": float(ok.mean()), f"eval/best_of_{k}": float(ok.any(axis=1).mean()),
+            "eval/tasks": len(tasks)}
+
+
+def _stale_weights(groups, version, r):
+    keep, weights, stale = [], [], []
+    for g in groups:
+        s = max(version - g.start_version, 0)
+        stale.append(s)
+        if s > r.staleness and r.stale_policy == "drop":
+            continue
+        w = r.stale_decay ** (s - r.staleness) if (s > r.staleness and r.stale_policy == "reweight") else 1.0
+        keep.append(g)
+        weights.append(w)
+    return keep, weights, stale
+
+
+def run_rl(cfg, workdir: str, *, hooks=None) -> dict:
+    """Run (or resume) RL into workdir. Returns the summary (also written to summary.json).
+
+    hooks (tests / fault injection): {"after_step": fn(step, orchestrator, service)}."""
+    hooks = hooks or {}
+    if "rl" not in cfg:
+        cfg.rl = rl_defaults()
+    r = cfg.rl
+    validate_rl(r, cfg.model)
+    os.makedirs(workdir, exist_ok=True)
+    with open(os.path.join(workdir, "config.json"), "w") as f:
+        f.write(cfg.to_json_best_effort(indent=2))
+    if r.backend == "ray":
+        from c2jax.rl.ray_backend import run_rl_ray
+        return run_rl_ray(cfg, workdir)
+
+    from c2jax.train.checkpoint import Checkpointer, abstract_like
+    from c2jax.train.metrics import MetricsWriter
+
+    env = make_env(cfg, workdir)
+    params0 = _initial_params(cfg)
+    learner = Learner(cfg, params0, seed=cfg.seed)
+    ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), r.checkpoint_every, r.keep_checkpoints,
+                        async_save=False)
+    consumed: set[int] = set()
+    dropped: list[int] = []
+    step = 0
+    if ckpt.latest_step() is not None:
+        state, data, _ = ckpt.restore(None, abstract_like(learner.state))
+        learner.state = state
+        consumed, dropped = set(data.get("consumed", [])), list(data.get("dropped", []))
+        step = int(state["step"])
+        log.info("resumed RL from step %d (%d groups consumed)", step, len(consumed))
+    store = GroupStore(os.path.join(workdir, "groups"))
+    total = r.steps * r.prompts_per_step
+    n_tasks = r.num_train_tasks or 2 * total
+    source = PromptSource(env, r, cfg.seed, n_tasks, store)
+    publisher = WeightPublisher(None, r.delta_full_every, r.sync_dtype)
+    sampler_params = publisher.cast(jax.tree.map(jnp.copy, learner.params))
+    service = SamplerService(learner.cfg, sampler_params, step, r.sampler_slots, env.max_len(), r.sampler_chunk)
+    orch = Orchestrator(r, env, service, store, source, version=step, consumed=consumed, seed=cfg.seed,
+                        total_groups=total + len(dropped))
+    if r.log_delta:
+        publisher.publish(step, learner.params)
+    writer = MetricsWriter(workdir)
+    eval_suites = list(r.eval_suites or r.suites)
+    heldout = []
+    for s in eval_suites:
+        heldout += env.load_tasks(s, "heldout", max(r.eval_tasks // len(eval_suites), 1), cfg.seed)
+    summary = {"start_step": step, "evals": []}
+
+    def run_eval(at):
+        t0 = time.monotonic()
+        ev = evaluate(env, service, heldout, r.eval_k, r.eval_temperature, cfg.seed, r.env_workers, str(at))
+        ev["eval/seconds"] = time.monotonic() - t0
+        writer.write(at, ev)
+        summary["evals"].append({"step": at, **ev})
+        log.info("eval at step %d: %s", at, ev)
+        return ev
+
+    t_start = time.monotonic()
+    try:
+        if r.eval_every >= 0 and step == 0:
+            run_eval(0)
+        orch.start()
+        idle0, busy0 = service.counters()
+        gen0 = service.generated_tokens
+        t_last = time.monotonic()
+        while step < r.steps:
+            t_wait = time.monotonic()
+            groups = orch.take(r.prompts_per_step, step)
+            wait_s = time.monotonic() - t_wait
+            keep, weights, stale = _stale_weights(groups, step, r)
+            n_drop = len(groups) - len(keep)
+            if n_drop:
+                kept = {g.index for g in keep}
+                gone = [g.index for g in groups if g.index not in kept]
+                dropped += gone
+                orch.extend_total(n_drop)  # admit replacements so every step still trains P groups
+                orch.mark_consumed(gone)
+                more = orch.take(n_drop, step)
+                k2, w2, s2 = _stale_weights(more, step, r)
+                keep, weights, stale = keep + k2, weights + w2, stale + s2
+                groups = groups + more
+            rewards = np.asarray([g.rewards for g in keep], np.float32)         # [P, G]
+            adv = np.asarray(group_advantages(rewards, r.std_normalize, r.std_eps)).reshape(-1)
+            trajs = [t for g in keep for t in g.trajectories]
+            w_B = np.repeat(np.asarray(weights, np.float32), r.group_size)
+            t0 = time.monotonic()
+            m = learner.step(trajs, adv, w_B)
+            learn_s = time.monotonic() - t0
+            step += 1
+            orch.mark_consumed([g.index for g in groups])
+            ckpt.save(step, learner.state, {"consumed": sorted(orch.consumed), "dropped": dropped},
+                      {"step": step, "trained_groups": [g.index for g in keep]}, force=step == r.steps)
+            sampler_params = publisher.cast(jax.tree.map(jnp.copy, learner.params))
+            service.swap(sampler_params, step)  # in flight
+            orch.set_version(step)
+            if r.log_delta:
+                m.update(publisher.publish(step, learner.params))
+            # ---- metrics
+            now = time.monotonic()
+            idle1, busy1 = service.counters()
+            gen1 = service.generated_tokens
+            m["sampler_idle_fraction"] = (idle1 - idle0) / max((idle1 - idle0) + (busy1 - busy0), 1e-9)
+            m["sampler_tokens_per_s"] = (gen1 - gen0) / max(now - t_last, 1e-9)
+            m["learner_tokens_per_s"] = m["batch_tokens"] / max(learn_s, 1e-9)
+            m["learner_wait_s"], m["learner_step_s"] = wait_s, learn_s
+            idle0, busy0, gen0, t_last = idle1, busy1, gen1, now
+            m["reward"] = float(rewards.mean())
+            m["pass_rate"] = float(np.mean([p for g in keep for p in g.passed]))
+            terms = {}
+            for t in trajs:
+                for k, v in t.reward_terms.items():
+                    terms.setdefault(k, []).append(float(v))
+            for k, v in terms.items():
+                m[f"reward/{k}"] = float(np.mean(v))
+            m["staleness_mean"] = float(np.mean(stale))
+            m["staleness_hist"] = np.bincount(np.asarray(stale, np.int64), minlength=r.staleness + 2).tolist()
+            lag = [step - 1 - t.versions_T[t.loss_mask_T] for t in trajs if t.loss_mask_T.any()]
+            m["token_version_lag_mean"] = float(np.mean(np.concatenate(lag))) if lag else 0.0
+            m["stale_dropped"] = n_drop
+            m["sampler_restarts"] = service.restarts
+            m["env_worker_restarts"] = orch.env_restarts
+            m["groups_trained"] = len(keep)
+            m["turns_mean"] = float(np.mean([t.stats.get("turns", 1) for t in trajs]))
+            writer.write(step, m)
+            log.info("rl step %d/%d reward %.3f pass %.2f staleness %.2f idle %.2f", step, r.steps, m["reward"],
+                     m["pass_rate"], m["staleness_mean"], m["sampler_idle_fraction"])
+            if "after_step" in hooks:
+                hooks["after_step"](step, orch, service)
+            if r.eval_every > 0 and step % r.eval_every == 0 and step < r.steps:
+                run_eval(step)
+        summary["train_wall_s"] = time.monotonic() - t_start
+        orch.stop()
+        if r.eval_every >= 0:
+            run_eval(step)
+        summary.update(final_step=step, groups_consumed=len(orch.consumed), groups_dropped=len(dropped),
+                       sampler_restarts=service.restarts, env_worker_restarts=orch.env_restarts,
+                       sampler_idle_fraction=service.idle_fraction())
+    finally:
+        orch.stop()
+        service.stop()
+        ckpt.close()
+        writer.close()
+    with open(os.path.join(workdir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2, default=float)
+    return summary

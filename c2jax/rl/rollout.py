@@ -1,0 +1,289 @@
+"""Rollout side of RL: the sampler service (one thread owns a jitted `Sampler` and batches the
+requests of every concurrent episode), the per-episode sampler callable the harness drives,
+and the environments (agent-harness episodes with rewards; a toy token task for tests).
+
+Only the public sampling API is used (Sampler.submit / step_chunk / done / results /
+swap_params): requests from all episode threads go through one queue, so concurrent episodes
+share decode chunks (continuous batching), and `swap` changes the weights between chunks
+(in-flight update: a live row continues under the new version, recorded per token).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import queue
+import threading
+import time
+import zlib
+from concurrent.futures import Future
+
+import numpy as np
+
+from c2jax.rl.rewards import compute_reward
+from c2jax.sampling import Request, Sampler
+from c2jax.trajectory import Trajectory
+
+log = logging.getLogger(__name__)
+
+
+class SamplerDied(RuntimeError):
+    """The sampler service lost its engine while this request was in flight (it restarts; the
+    episode is requeued)."""
+
+
+class WorkerKilled(RuntimeError):
+    """Injected failure of an environment worker (tests of restart / requeue)."""
+
+
+def stable_rid(key: str) -> int:
+    """Deterministic request id (the sampler derives the sampling key from it)."""
+    return zlib.crc32(key.encode()) & 0x3FFFFFFF
+
+
+class SamplerService:
+    """One thread owning a Sampler; `submit(Request) -> Future[list[Completion]]`.
+
+    A crash of the engine (or `kill()`) fails the in-flight futures with SamplerDied and
+    restarts a fresh engine on the latest weights."""
+
+    def __init__(self, cfg, params, version: int, max_batch: int, max_len: int, chunk: int = 16):
+        self.cfg, self.max_batch, self.max_len, self.chunk = cfg, max_batch, max_len, chunk
+        self.params, self.version = params, int(version)
+        self.sampler = self._make()
+        self.inbox: queue.Queue = queue.Queue()
+        self.futs: dict[int, Future] = {}
+        self.idle_s = 0.0
+        self.busy_s = 0.0
+        self.restarts = 0
+        self.generated_tokens = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._kill = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="c2jax-sampler", daemon=True)
+        self.thread.start()
+
+    def _make(self):
+        return Sampler(self.cfg, self.params, max_batch=self.max_batch, max_len=self.max_len, chunk=self.chunk,
+                       version=self.version)
+
+    @property
+    def S(self) -> int:
+        return self.max_len
+
+    def submit(self, request: Request) -> Future:
+        fut: Future = Future()
+        if self._stop.is_set():
+            fut.set_exception(SamplerDied("sampler service stopped"))
+        else:
+            self.inbox.put((request, fut))
+        return fut
+
+    def swap(self, params, version: int) -> None:
+        """In-flight weight update: takes effect at the next decode chunk / prefill."""
+        with self._lock:
+            self.params, self.version = params, int(version)
+            self.sampler.swap_params(params, version)
+
+    def kill(self) -> None:
+        """Make the engine die at its next iteration (tests)."""
+        self._kill.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.thread.join(timeout=30)
+
+    def idle_fraction(self) -> float:
+        tot = self.idle_s + self.busy_s
+        return self.idle_s / tot if tot > 0 else 0.0
+
+    def counters(self) -> tuple[float, float]:
+        return self.idle_s, self.busy_s
+
+    def _run(self):
+        while not self._stop.is_set():
+            try:
+                self._loop()
+            except Exception as e:  # noqa: BLE001 - the engine died: fail in-flight, restart
+                log.warning("sampler engine died (%s: %s); restarting", type(e).__name__, e)
+                self._fail_all(SamplerDied(f"{type(e).__name__}: {e}"))
+                with self._lock:
+                    self.restarts += 1
+                    self.sampler = self._make()
+        self._fail_all(SamplerDied("sampler service stopped"))
+
+    def _fail_all(self, exc):
+        futs, self.futs = self.futs, {}
+        for f in futs.values():
+            if not f.done():
+                f.set_exception(exc)
+        while True:
+            try:
+                _, f = self.inbox.get_nowait()
+            except queue.Empty:
+                break
+            if not f.done():
+                f.set_exception(exc)
+
+    def _loop(self):
+        s = self.sampler
+        while not self._stop.is_set():
+            if self._kill.is_set():
+                self._kill.clear()
+                raise SamplerDied("killed")
+            idle = not s.pending()
+            t0 = time.monotonic()
+            try:
+                item = self.inbox.get(timeout=0.02) if idle else self.inbox.get_nowait()
+            except queue.Empty:
+                item = None
+            if idle:
+                self.idle_s += time.monotonic() - t0
+            while item is not None:
+                req, fut = item
+                try:
+                    rid = s.submit(req)
+                    self.futs[rid] = fut
+                except ValueError as e:  # a bad request fails alone
+                    fut.set_exception(e)
+                try:
+                    item = self.inbox.get_nowait()
+                except queue.Empty:
+                    item = None
+            if s.pending():
+                t0 = time.monotonic()
+                g0 = s.generated_tokens
+                s.step_chunk()
+                self.generated_tokens += s.generated_tokens - g0
+                self.busy_s += time.monotonic() - t0
+                for rid in [r for r in self.futs if s.done(r)]:
+                    self.futs.pop(rid).set_result(s.results(rid))
+
+
+class EpisodeSampler:
+    """The harness's model callable for one episode (SamplerPolicy(EpisodeSampler(...))):
+    deterministic request ids from (key, turn), so a rerun samples the same tokens."""
+
+    def __init__(self, service: SamplerService, key: str, seed: int, temperature: float):
+        self.service, self.key, self.seed, self.temperature = service, key, int(seed), float(temperature)
+        self.turn = 0
+
+    @property
+    def version(self) -> int:
+        return self.service.version
+
+    def __call__(self, context, max_new_tokens, stop_token_ids=None, temperature=None, **_):
+        context = [int(t) for t in context]
+        room = self.service.S - 1 - len(context)
+        if room < 1:
+            raise ValueError(f"context of {len(context)} tokens leaves no room in max_len={self.service.S}")
+        rid = stable_rid(f"{self.key}/{self.turn}")
+        self.turn += 1
+        req = Request(context, max_new_tokens=min(int(max_new_tokens), room), n=1,
+                      temperature=self.temperature if temperature is None else temperature,
+                      stop_token_ids=tuple(stop_token_ids or ()), seed=self.seed, request_id=rid, reuse_prefix=True)
+        (c,) = self.service.submit(req).result()
+        return c.tokens, c.logprobs.tolist(), c.versions.tolist(), c.completion_expert_ids
+
+
+# ----------------------------------------------------------------------------- environments
+
+
+@dataclasses.dataclass
+class ToyTask:
+    task_id: str
+    suite: str
+    prompt_ids: list[int]
+
+
+class ToyEnv:
+    """Single-turn token task: reward = fraction of generated tokens t with t % modulus ==
+    target % modulus (chance 1/modulus); passed = reward >= 0.5. Cheap enough for CPU tests of
+    learning, staleness and crash recovery; the full sampler / learner / replay path is used."""
+
+    modulus = 4
+
+    def __init__(self, rl, vocab_size: int):
+        self.rl, self.vocab = rl, int(vocab_size)
+
+    def load_tasks(self, suite: str, split: str, n: int, seed: int) -> list[ToyTask]:
+        rng = np.random.default_rng([seed, 0 if split == "train" else 1])
+        return [ToyTask(f"toy-{split}-{i}", suite, rng.integers(16, self.vocab, self.rl.toy_prompt_len).tolist())
+                for i in range(n)]
+
+    def max_len(self) -> int:
+        return -(-(self.rl.toy_prompt_len + self.rl.max_new_tokens + 1) // 16) * 16
+
+    def episode(self, task: ToyTask, service: SamplerService, key: str, seed: int, temperature: float,
+                group_id: str = ""):
+        rid = stable_rid(key)
+        req = Request(task.prompt_ids, max_new_tokens=self.rl.max_new_tokens, n=1, temperature=temperature,
+                      seed=seed, request_id=rid, reuse_prefix=False)
+        (c,) = service.submit(req).result()
+        P, gen = len(task.prompt_ids), list(c.tokens)
+        hits = np.mean([(t % self.modulus) == (self.rl.toy_target % self.modulus) for t in gen]) if gen else 0.0
+        T = P + len(gen)
+        traj = Trajectory(
+            tokens_T=np.asarray(task.prompt_ids + gen, np.int32),
+            loss_mask_T=np.r_[np.zeros(P, bool), np.ones(len(gen), bool)],
+            logprobs_T=np.r_[np.zeros(P, np.float32), np.asarray(c.logprobs, np.float32)],
+            versions_T=np.r_[np.full(P, -1, np.int32), np.asarray(c.versions, np.int32)],
+            expert_ids_TNK=None if c.expert_ids is None else np.asarray(c.expert_ids, np.int32)[:T],
+            reward=float(hits), reward_terms={"verifier": float(hits), "total": float(hits)},
+            task_id=task.task_id, group_id=group_id, finish_reason=c.finish_reason,
+            stats={"turns": 1, "thinking_tokens": 0, "completion_tokens": len(gen)})
+        return traj, bool(hits >= 0.5)
+
+
+def reward_stats(stats: dict, original_files: dict | None, final_files: dict | None) -> dict:
+    """The reward stats (c2jax.rl.rewards keys) from the harness's episode stats and end state."""
+    out = {k: stats.get(k, 0) for k in ("thinking_tokens", "tool_call_tokens", "tool_output_tokens",
+                                         "final_message_tokens", "tool_calls", "turns", "malformed_calls")}
+    out["unfinished_todos"] = int(stats.get("unfinished_todos", 0))  # the harness has no to-do tool yet
+    by_name = stats.get("tool_calls_by_name") or {}
+    out["terminal_only"] = int(bool(by_name) and set(by_name) <= {"run", "run_tests"})
+    lines = 0
+    if original_files is not None and final_files is not None:
+        from c2jax.tasks.behaviour import check_no_reasoning_comments
+        lines = len(check_no_reasoning_comments(original_files, final_files).details["problems"])
+    out["comment_reasoning_lines"] = lines
+    return out
+
+
+class HarnessEnv:
+    """Agent episodes (c2jax.agent.run_episode) on task suites, graded by the task's verifier,
+    rewarded by c2jax.rl.rewards.compute_reward (every term in reward_terms)."""
+
+    def __init__(self, rl, tokenizer, sandbox=None):
+        from c2jax.agent.sandbox import Sandbox
+        self.rl, self.tokenizer = rl, tokenizer
+        self.sandbox = sandbox or Sandbox()
+
+    def load_tasks(self, suite: str, split: str, n: int, seed: int):
+        from c2jax.tasks import load_suite
+        return load_suite(suite, split, n, seed)
+
+    def max_len(self) -> int:
+        return self.rl.max_total_tokens + 1
+
+    def episode(self, task, service: SamplerService, key: str, seed: int, temperature: float, group_id: str = ""):
+        from c2jax.agent.policy import SamplerPolicy
+        from c2jax.agent.runner import EpisodeConfig, run_episode
+        from c2jax.tasks.base import snapshot_files
+        r = self.rl
+        config = EpisodeConfig(max_turns=r.max_turns, max_total_tokens=r.max_total_tokens,
+                               max_new_tokens=r.max_new_tokens, list_tools_in_system=r.list_tools_in_system,
+                               keep_workspace=True)
+        res = run_episode(task, SamplerPolicy(EpisodeSampler(service, key, seed, temperature)), self.tokenizer,
+                          self.sandbox, config, group_id)
+        try:
+            if res.stats.get("finish_reason") == "policy_error" and "SamplerDied" in res.stats.get("error", ""):
+                raise SamplerDied(res.stats["error"].splitlines()[0])
+            final = snapshot_files(res.workspace.path) if res.workspace is not None else None
+        finally:
+            if res.workspace is not None:
+                res.workspace.cleanup()
+        traj = res.trajectory
+        score = float(getattr(res.grade, "score", 0.0)) if res.grade is not None else 0.0
+        total, terms = compute_reward(score, reward_stats(res.stats, dict(task.files), final), r)
+        traj.reward, traj.reward_terms = total, terms
+        return traj, bool(getattr(res.grade, "passed", False))

@@ -1,0 +1,266 @@
+"""Long-horizon synthetic tasks: more tool output than a small model's context holds.
+
+A repository has `n_files` modules under settings/ (each ~`file_chars` characters of plausible
+filler: constants, small functions, comments) and every module defines exactly one
+`LEGACY_<NAME> = <int>` at a random line. The task: collect all of them into
+`REGISTRY = {name: value}` in registry.py, as literals (registry.py must not use settings/).
+The tool set is read_file / list_dir / edit_file / write_file (no grep, no shell), so the
+agent must read every module, one tool output after another: with 8 modules of 900 chars
+the tool output alone is ~8k byte-tokens, so a 2k-4k context has to be compacted, and the final
+write needs values read long before (i.e. from before any summary).
+
+Hidden test: REGISTRY equals the expected dict (exact types), `total()` works, and registry.py
+does not mention settings.
+
+Also here: `LongHorizonPolicy`, a deterministic scripted agent for these tasks that decides
+*only from its current context* (so what a summary keeps is what it knows): list settings/,
+read the modules one per turn, write registry.py from the LEGACY values it can see, answer.
+Asked for a self-summary (the SUMMARIZE_QUERY), it writes files / read / found / PLAN / TODO
+lines; given a prompt-based compaction request, it acts as a generic query-focused extractive
+compactor (keeps the task, every action, each tool output's header and the output lines that
+share a keyword with the task prompt, and any previous summary verbatim).
+
+Registered as suite "long_horizon" (import this module, or use load() directly).
+"""
+from __future__ import annotations
+
+import json
+import random
+import re
+
+from c2jax.tasks.base import Task, plain_test_script, split_of, stable_hash
+
+TOOLS = ["read_file", "list_dir", "edit_file", "write_file"]
+_MODULES = ("alpha", "beacon", "cobalt", "delta", "ember", "falcon", "garnet", "harbor", "indigo", "juniper",
+            "kestrel", "lumen", "marble", "nectar", "onyx", "pepper", "quartz", "raven", "saffron", "tundra",
+            "umber", "vortex", "willow", "xenon", "yarrow", "zephyr")
+_CONST = ("TIMEOUT", "RETRIES", "PORT", "BATCH", "LIMIT", "WIDTH", "HEIGHT", "DEPTH", "RATE", "WINDOW",
+          "BUFFER", "QUOTA", "SHARDS", "WORKERS", "BACKOFF", "TTL", "SLOTS", "LEVEL", "OFFSET", "SCALE")
+_VERBS = ("scale", "shift", "clip", "pad", "wrap", "bump", "trim", "fold")
+_NOUNS = ("value", "count", "size", "index", "total", "width", "score", "step")
+_COMMENTS = ("kept for backwards compatibility", "tuned on the staging cluster", "do not change without a review",
+             "see the operations handbook", "mirrors the old service defaults", "used by the nightly jobs",
+             "units are seconds unless noted", "values below were measured in 2021")
+
+
+def _filler_block(rng: random.Random, used: set[str]) -> str:
+    kind = rng.random()
+    if kind < 0.45:
+        while True:
+            name = f"{rng.choice(_CONST)}_{rng.randint(1, 99)}"
+            if name not in used:
+                used.add(name)
+                return f"{name} = {rng.randint(0, 5000)}"
+    if kind < 0.75:
+        while True:
+            fn = f"{rng.choice(_VERBS)}_{rng.choice(_NOUNS)}"
+            if fn not in used:
+                used.add(fn)
+                op = rng.choice(["+", "-", "*"])
+                return f"\ndef {fn}(x):\n    return x {op} {rng.randint(1, 9)}\n"
+    return f"# {rng.choice(_COMMENTS)}"
+
+
+def _module_source(rng: random.Random, name: str, value: int, file_chars: int) -> str:
+    used: set[str] = set()
+    blocks = [f'"""Settings for the {name} service."""']
+    while sum(len(b) + 1 for b in blocks) < file_chars:
+        blocks.append(_filler_block(rng, used))
+    at = rng.randint(1, len(blocks))
+    blocks.insert(at, f"LEGACY_{name.upper()} = {value}")
+    return "\n".join(blocks) + "\n"
+
+
+REGISTRY_SRC = ('"""Legacy constants, collected in one place."""\n\nREGISTRY = {}\n\n\n'
+                "def total():\n    return sum(REGISTRY.values())\n")
+
+
+def generate_one(seed: int, index: int, n_files: int = 8, file_chars: int = 900) -> Task:
+    rng = random.Random(stable_hash("long_horizon", seed, index, n_files, file_chars))
+    names = sorted(rng.sample(_MODULES, n_files))
+    facts = {f"LEGACY_{n.upper()}": rng.randint(10, 999) for n in names}
+    files = {f"settings/{n}.py": _module_source(rng, n, facts[f"LEGACY_{n.upper()}"], file_chars) for n in names}
+    files["settings/__init__.py"] = ""
+    files["registry.py"] = REGISTRY_SRC
+    prompt = (f"Each of the {n_files} modules in settings/ defines one LEGACY_* constant. Put all of them in "
+              "REGISTRY in registry.py as {name: value}, written as literals: settings/ is being deleted, so "
+              "registry.py must not use it.")
+    tests = ("from registry import REGISTRY, total\n"
+             f"assert _same(REGISTRY, {facts!r}), 'REGISTRY is wrong: ' + repr(REGISTRY)\n"
+             f"assert total() == {sum(facts.values())}\n"
+             "assert 'settings' not in open('registry.py').read(), 'registry.py must not use settings/'\n")
+    fp = repr((prompt, sorted(files.items())))
+    ref = [{"name": "edit_file", "arguments": {"path": "registry.py", "old": "REGISTRY = {}",
+                                                "new": f"REGISTRY = {facts!r}"}}]
+    return Task(task_id=f"long_horizon-{stable_hash(fp):015x}", suite="long_horizon", split=split_of(fp),
+                prompt=prompt, files=files, hidden_tests={".c2jax_hidden/test_registry.py": plain_test_script(tests)},
+                test_command=["python3", ".c2jax_hidden/test_registry.py"], reference_solution=ref, tools=list(TOOLS),
+                metadata={"facts": facts, "modules": [f"settings/{n}.py" for n in names],
+                          "tool_output_chars": sum(len(files[f"settings/{n}.py"]) for n in names),
+                          "n_files": n_files, "file_chars": file_chars},
+                reference_message="REGISTRY now holds every LEGACY constant.", timeout_s=20.0)
+
+
+def load(split: str, n: int | None = None, seed: int = 0, n_files: int = 8, file_chars: int = 900) -> list[Task]:
+    """`n` (default 20) distinct tasks of `split`, deterministic in the arguments; load(n=5) is
+    a prefix of load(n=10)."""
+    n = 20 if n is None else n
+    out, seen, index = [], set(), 0
+    while len(out) < n:
+        if index > 50 * n + 1000:
+            raise RuntimeError(f"long_horizon could not find {n} distinct {split} tasks")
+        t = generate_one(seed, index, int(n_files), int(file_chars))
+        index += 1
+        if t.split == split and t.task_id not in seen:
+            seen.add(t.task_id)
+            out.append(t)
+    return out
+
+
+def _register():
+    from c2jax.tasks import register_suite
+    register_suite("long_horizon", lambda split, n, seed, **kw: load(split, n, seed, **kw))
+
+
+_register()
+
+
+# ----------------------------------------------------------------------------- scripted agent
+_FACT_RE = re.compile(r"\b(LEGACY_[A-Z0-9_]+) ?= ?(-?\d+)")
+_READ_HEAD_RE = re.compile(r"^(settings/[A-Za-z0-9_]+\.py) \((?:lines \d+-\d+ of \d+|empty)\)", re.M)
+
+
+def _tool_blocks(text: str):
+    """(header json, body) of every tool result in decoded context text."""
+    from c2jax import special_tokens as st
+    out = []
+    for m in re.finditer(re.escape(st.TOOL_RESULT) + r"(.*?)" + re.escape(st.END_TOOL_RESULT), text, re.S):
+        head, _, body = m.group(1).partition("\n")
+        try:
+            h = json.loads(head)
+        except ValueError:
+            h = {}
+        out.append((h, body))
+    return out
+
+
+class LongHorizonPolicy:
+    """Scripted agent for long_horizon tasks; knows only what its current context shows.
+
+    Use through `make_long_horizon_policy(task)` (a TextPolicy); see the module docstring.
+    """
+
+    def __init__(self, task, keyword_min_len: int = 5):
+        self.task = task
+        self.keyword_min_len = keyword_min_len
+
+    # -- what the context shows
+    def knowledge(self, text: str) -> dict:
+        from c2jax.agent.summarize import escape_free
+        text = escape_free(text)
+        files: set[str] = set()
+        read: set[str] = set()
+        written = False
+        for h, body in _tool_blocks(text):
+            if h.get("name") == "list_dir" and h.get("status") == "ok":
+                files |= {f"settings/{ln.strip()}" for ln in body.splitlines()
+                          if ln.strip().endswith(".py") and ln.strip() != "__init__.py"}
+            if h.get("name") == "read_file" and h.get("status") == "ok":
+                read |= set(_READ_HEAD_RE.findall(body))
+            if h.get("name") in ("write_file", "edit_file") and h.get("status") == "ok" and "registry.py" in body:
+                written = True
+        for line in text.splitlines():   # summary / carried-state lines (self summaries, compactions)
+            s = line.strip().lstrip("-* ").strip()
+            if s.startswith("files in settings/:"):
+                files |= {f"settings/{w}.py" for w in s[len("files in settings/:"):].split()}
+            elif s.startswith("list_dir (ok):"):
+                files |= {f"settings/{n.strip()}" for n in s[len("list_dir (ok):"):].split("|")
+                          if n.strip().endswith(".py") and n.strip() != "__init__.py"}
+            elif s.startswith("read:"):
+                read |= {f"settings/{w}.py" for w in s[len("read:"):].split()}
+            elif s.startswith("called read_file"):
+                read |= set(re.findall(r"settings/[A-Za-z0-9_]+\.py", s))
+            elif s.startswith("status: registry.py written") or s.startswith("wrote registry.py"):
+                written = True
+        facts = dict(_FACT_RE.findall(text))
+        return {"files": sorted(files), "read": sorted(read & files) if files else sorted(read),
+                "facts": {k: int(v) for k, v in facts.items()}, "written": written}
+
+    # -- the three kinds of requests
+    def next_message(self, context, codec) -> str:
+        from c2jax.agent import chat_format as cf
+        from c2jax.agent import summarize as sm
+        text = codec.decode(context)
+        if text.startswith(cf.render_system(sm.COMPACTION_SYSTEM)):
+            return self.compaction(text)
+        if text.endswith(cf.render_user(sm.SUMMARIZE_QUERY) + cf.assistant_prefix()):
+            return self.self_summary(text[:-len(cf.render_user(sm.SUMMARIZE_QUERY) + cf.assistant_prefix())])
+        k = self.knowledge(text)
+        if k["written"]:
+            return cf.render_assistant(self.task.reference_message or "Done.")
+        if not k["files"]:
+            return cf.render_assistant(calls=[{"name": "list_dir", "arguments": {"path": "settings"}}])
+        unread = [f for f in k["files"] if f not in k["read"]]
+        if unread:
+            return cf.render_assistant(calls=[{"name": "read_file", "arguments": {"path": unread[0]}}])
+        reg = {n: k["facts"][n] for n in sorted(k["facts"])}
+        content = ('"""Legacy constants, collected in one place."""\n\n'
+                   f"REGISTRY = {reg!r}\n\n\ndef total():\n    return sum(REGISTRY.values())\n")
+        return cf.render_assistant(calls=[{"name": "write_file", "arguments": {"path": "registry.py",
+                                                                                "content": content}}])
+
+    def self_summary(self, text: str) -> str:
+        from c2jax import special_tokens as st
+        k = self.knowledge(text)
+        unread = [f for f in k["files"] if f not in k["read"]]
+        stem = lambda f: f[len("settings/"):-3]
+        lines = [f"files in settings/: {' '.join(map(stem, k['files']))}" if k["files"] else "files: not listed yet",
+                 f"read: {' '.join(map(stem, k['read']))}",
+                 "found: " + " ".join(f"{n}={v}" for n, v in sorted(k["facts"].items()))]
+        if k["written"]:
+            lines.append("status: registry.py written")
+        lines.append("PLAN: read each module, then write REGISTRY")
+        if unread:
+            lines.append(f"TODO: read {' '.join(map(stem, unread))}")
+        if not k["written"]:
+            lines.append("TODO: write registry.py")
+        think = "Keep files, what I read, the LEGACY values."
+        return f"{st.THINK}{think}{st.END_THINK}{st.SUMMARY}" + "\n".join(lines) + f"{st.END_SUMMARY}{st.END_TURN}"
+
+    def compaction(self, text: str) -> str:
+        """Generic query-focused extractive compaction of the transcript in the user message."""
+        from c2jax import special_tokens as st
+        from c2jax.agent.summarize import escape_free
+        text = escape_free(text.split("TRANSCRIPT:\n", 1)[-1])
+        keywords = {w.lower() for w in re.findall(r"[A-Za-z_]+", self.task.prompt) if len(w) >= self.keyword_min_len}
+        out = [f"Task: {self.task.prompt}"]
+        prev = [p for p in re.findall(re.escape(st.SUMMARY) + r"(.*?)" + re.escape(st.END_SUMMARY), text, re.S)
+                if p.strip()]
+        if prev:
+            out.append("Earlier summary:\n" + prev[-1].strip())
+        for m in re.finditer(re.escape(st.TOOL_CALL) + r"(.*?)" + re.escape(st.END_TOOL_CALL), text, re.S):
+            try:
+                c = json.loads(m.group(1))
+                args = ", ".join(f"{a}={v}" for a, v in c.get("arguments", {}).items() if a != "content")
+                out.append(f"called {c.get('name')} {args}")
+            except ValueError:
+                continue
+        for h, body in _tool_blocks(text):
+            lines = body.splitlines()
+            keep = [lines[0]] if lines else []
+            keep += [ln for ln in lines[1:] if any(kw in ln.lower() for kw in keywords)]
+            if h.get("name") == "list_dir":
+                keep = lines
+            out.append(f"{h.get('name')} ({h.get('status')}): " + " | ".join(keep))
+        return f"{st.SUMMARY}" + "\n".join(out) + f"{st.END_SUMMARY}{st.END_TURN}"
+
+
+def make_long_horizon_policy(task, **kw):
+    """LongHorizonPolicy as a c2jax.agent TextPolicy."""
+    from c2jax.agent.policy import TextPolicy
+
+    class _P(LongHorizonPolicy, TextPolicy):
+        def __init__(self):
+            LongHorizonPolicy.__init__(self, task, **kw)
+
+    return _P()

@@ -1,0 +1,38 @@
+"""Tiny asynchronous RL run on CPU (the demo's RL stage): configs/tiny.py model plus the `rl`
+section. `configs/rl_tiny.py:toy` uses the token toy task (no sandbox, seconds per step).
+
+    python -m c2jax rl --config configs/rl_tiny.py --workdir runs/rl \
+        --config.train.init_from=runs/demo/sft
+"""
+from c2jax.config import merge_into_defaults
+from c2jax.rl.config import rl_defaults
+
+
+def get_config(arg=None):
+    import importlib.util
+    import os
+    spec = importlib.util.spec_from_file_location("_tiny", os.path.join(os.path.dirname(__file__), "tiny.py"))
+    tiny = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tiny)
+    cfg = tiny.get_config(None)
+    if "rl" not in cfg:
+        cfg.rl = rl_defaults()
+    updates = {
+        "train.lr": 1e-4, "train.warmup_steps": 0, "train.weight_decay": 0.0, "train.grad_clip": 1.0,
+        "train.steps": 1000,  # schedule length only; RL runs rl.steps learner steps (constant lr until then)
+        "rl.steps": 20, "rl.group_size": 4, "rl.prompts_per_step": 4, "rl.staleness": 1,
+        "rl.max_new_tokens": 128, "rl.max_turns": 4, "rl.max_total_tokens": 768,
+        "rl.env_workers": 8, "rl.sampler_slots": 8, "rl.eval_every": 10, "rl.eval_tasks": 8, "rl.eval_k": 4,
+        "rl.constant_normalizer_len": 768, "rl.kl_coef": 1e-3,
+    }
+    if arg == "toy":
+        updates.update({
+            "model.vocab_size": 64, "model.hidden_size": 32, "model.num_layers": 2, "model.intermediate_size": 64,
+            "model.moe_intermediate_size": 32, "model.head_dim": 8, "model.init_std": 0.1, "train.lr": 3e-3,
+            "rl.env": "toy", "rl.max_new_tokens": 8, "rl.toy_prompt_len": 8, "rl.constant_normalizer_len": 16,
+            "rl.group_size": 8, "rl.prompts_per_step": 2, "rl.eval_tasks": 16, "rl.eval_k": 4, "rl.eval_every": 0,
+            "rl.env_workers": 8, "rl.sampler_slots": 16,
+        })
+    elif arg not in (None, ""):
+        raise ValueError(f"configs/rl_tiny.py: unknown arg {arg!r}; use toy or nothing")
+    return merge_into_defaults(updates, cfg)
