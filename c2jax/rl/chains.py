@@ -126,7 +126,7 @@ def pack_sequences(seqs: Sequence[Trajectory], advantages, seq_len: int, num_row
             rows.append([i])
             fill.append(n)
     B = len(rows) if num_rows is None else int(num_rows)
-    if B < len(rows):
+    if len(rows) > B:
         raise ValueError(f"{len(seqs)} sequences need {len(rows)} rows of {L} tokens; num_rows={num_rows}")
     nk = next((s.expert_ids_TNK.shape[1:] for s in seqs if s.expert_ids_TNK is not None), None)
     out = {"inputs": np.full((B, L), pad_id, np.int32), "targets": np.full((B, L), pad_id, np.int32),

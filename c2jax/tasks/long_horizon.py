@@ -17,8 +17,8 @@ Also here: `LongHorizonPolicy`, a deterministic scripted agent for these tasks t
 read the modules one per turn, write registry.py from the LEGACY values it can see, answer.
 Asked for a self-summary (the SUMMARIZE_QUERY), it writes files / read / found / PLAN / TODO
 lines; given a prompt-based compaction request, it acts as a generic query-focused extractive
-compactor (keeps the task, every action, each tool output's header and the output lines that
-share a keyword with the task prompt, and any previous summary verbatim).
+compactor (keeps the task, the previous summary, every call, each tool output's header and the
+output lines that name an identifier of the task prompt; lines deduplicated).
 
 Registered as suite "long_horizon" (import this module, or use load() directly).
 """
@@ -127,6 +127,7 @@ _register()
 
 # ----------------------------------------------------------------------------- scripted agent
 _FACT_RE = re.compile(r"\b(LEGACY_[A-Z0-9_]+) ?= ?(-?\d+)")
+_SPECIAL_RE = re.compile(r"<\|/?[a-z_]+\|>")
 _READ_HEAD_RE = re.compile(r"^(settings/[A-Za-z0-9_]+\.py) \((?:lines \d+-\d+ of \d+|empty)\)", re.M)
 
 
@@ -150,9 +151,8 @@ class LongHorizonPolicy:
     Use through `make_long_horizon_policy(task)` (a TextPolicy); see the module docstring.
     """
 
-    def __init__(self, task, keyword_min_len: int = 5):
+    def __init__(self, task):
         self.task = task
-        self.keyword_min_len = keyword_min_len
 
     # -- what the context shows
     def knowledge(self, text: str) -> dict:
@@ -169,7 +169,7 @@ class LongHorizonPolicy:
                 read |= set(_READ_HEAD_RE.findall(body))
             if h.get("name") in ("write_file", "edit_file") and h.get("status") == "ok" and "registry.py" in body:
                 written = True
-        for line in text.splitlines():   # summary / carried-state lines (self summaries, compactions)
+        for line in re.split(r"\n|" + _SPECIAL_RE.pattern, text):   # summary / carried-state lines
             s = line.strip().lstrip("-* ").strip()
             if s.startswith("files in settings/:"):
                 files |= {f"settings/{w}.py" for w in s[len("files in settings/:"):].split()}
@@ -180,7 +180,7 @@ class LongHorizonPolicy:
                 read |= {f"settings/{w}.py" for w in s[len("read:"):].split()}
             elif s.startswith("called read_file"):
                 read |= set(re.findall(r"settings/[A-Za-z0-9_]+\.py", s))
-            elif s.startswith("status: registry.py written") or s.startswith("wrote registry.py"):
+            elif s.startswith("status: registry.py written") or "(ok): wrote registry.py" in s:
                 written = True
         facts = dict(_FACT_RE.findall(text))
         return {"files": sorted(files), "read": sorted(read & files) if files else sorted(read),
@@ -228,16 +228,20 @@ class LongHorizonPolicy:
         return f"{st.THINK}{think}{st.END_THINK}{st.SUMMARY}" + "\n".join(lines) + f"{st.END_SUMMARY}{st.END_TURN}"
 
     def compaction(self, text: str) -> str:
-        """Generic query-focused extractive compaction of the transcript in the user message."""
+        """Generic query-focused extractive compaction of the transcript in the user message:
+        the task, the previous summary's lines, every call, and per tool output its header plus
+        the lines naming an identifier of the task prompt (LEGACY_*, REGISTRY); directory
+        listings whole. Lines are deduplicated."""
         from c2jax import special_tokens as st
         from c2jax.agent.summarize import escape_free
         text = escape_free(text.split("TRANSCRIPT:\n", 1)[-1])
-        keywords = {w.lower() for w in re.findall(r"[A-Za-z_]+", self.task.prompt) if len(w) >= self.keyword_min_len}
+        idents = re.findall(r"[A-Za-z]+(?:_[A-Za-z*]+)+|\b[A-Z]{4,}\b", self.task.prompt)
+        keywords = {w.lower().rstrip("*") for w in idents}
         out = [f"Task: {self.task.prompt}"]
         prev = [p for p in re.findall(re.escape(st.SUMMARY) + r"(.*?)" + re.escape(st.END_SUMMARY), text, re.S)
                 if p.strip()]
         if prev:
-            out.append("Earlier summary:\n" + prev[-1].strip())
+            out += [ln for ln in prev[-1].strip().splitlines() if ln.strip()]
         for m in re.finditer(re.escape(st.TOOL_CALL) + r"(.*?)" + re.escape(st.END_TOOL_CALL), text, re.S):
             try:
                 c = json.loads(m.group(1))
@@ -248,11 +252,16 @@ class LongHorizonPolicy:
         for h, body in _tool_blocks(text):
             lines = body.splitlines()
             keep = [lines[0]] if lines else []
-            keep += [ln for ln in lines[1:] if any(kw in ln.lower() for kw in keywords)]
+            keep += [ln.strip() for ln in lines[1:] if any(kw in ln.lower() for kw in keywords)]
             if h.get("name") == "list_dir":
                 keep = lines
             out.append(f"{h.get('name')} ({h.get('status')}): " + " | ".join(keep))
-        return f"{st.SUMMARY}" + "\n".join(out) + f"{st.END_SUMMARY}{st.END_TURN}"
+        seen, uniq = set(), []
+        for ln in out:
+            if ln not in seen:
+                seen.add(ln)
+                uniq.append(ln)
+        return f"{st.SUMMARY}" + "\n".join(uniq) + f"{st.END_SUMMARY}{st.END_TURN}"
 
 
 def make_long_horizon_policy(task, **kw):

@@ -1,0 +1,50 @@
+"""Long-horizon synthetic tasks: deterministic, split-disjoint, valid, and with more tool output
+than a small context holds."""
+import re
+
+from c2jax.tasks import load_suite, long_horizon, validate_task
+
+
+def test_deterministic_disjoint_and_registered():
+    a = long_horizon.load("train", 6, seed=1)
+    assert [t.task_id for t in a] == [t.task_id for t in long_horizon.load("train", 6, seed=1)]
+    assert [t.task_id for t in a[:3]] == [t.task_id for t in long_horizon.load("train", 3, seed=1)]
+    held = load_suite("long_horizon", "heldout", n=4, seed=1)
+    assert not {t.task_id for t in a} & {t.task_id for t in held}
+    assert all(t.split == "heldout" and t.suite == "long_horizon" for t in held)
+
+
+def test_one_legacy_constant_per_module_and_long_tool_output():
+    for t in long_horizon.load("heldout", 4, seed=0, n_files=10):
+        facts = t.metadata["facts"]
+        assert len(facts) == 10 == len(t.metadata["modules"])
+        for path in t.metadata["modules"]:
+            found = re.findall(r"^(LEGACY_[A-Z]+) = (\d+)$", t.files[path], re.M)
+            assert len(found) == 1 and facts[found[0][0]] == int(found[0][1])
+        assert t.metadata["tool_output_chars"] > 8192          # more than an 8k-token context
+        assert "grep" not in t.tools and "run" not in t.tools   # the modules must be read one by one
+
+
+def test_reference_passes_and_bad_outcomes_fail():
+    t = long_horizon.load("train", 1, seed=2, n_files=3, file_chars=300)[0]
+    v = validate_task(t)
+    assert v.ok, v.problems
+    facts = dict(t.metadata["facts"])
+    from c2jax.tasks.base import local_run, write_files
+
+    def grade(registry_src, tmp):
+        files = dict(t.files, **{"registry.py": registry_src})
+        write_files(tmp, files)
+        return t.grade(tmp, local_run).passed
+
+    import tempfile
+    from pathlib import Path
+    src = lambda d: long_horizon.REGISTRY_SRC.replace("REGISTRY = {}", f"REGISTRY = {d!r}")
+    with tempfile.TemporaryDirectory() as d:
+        assert grade(src(facts), Path(d))
+    missing = dict(list(facts.items())[1:])
+    with tempfile.TemporaryDirectory() as d:
+        assert not grade(src(missing), Path(d))           # one value forgotten
+    imports = "from settings import *\n" + src(facts)
+    with tempfile.TemporaryDirectory() as d:
+        assert not grade(imports, Path(d))                # must not use settings/
