@@ -3,7 +3,8 @@
 A sweep is a config file `configs/sweeps/NAME.py` whose `get_config()` returns a ConfigDict:
 
     base     "configs/rl_small.py" or "configs/rl_small.py:arg"   base config of every point
-    command  "pretrain" | "sft" | "rl" | "pipeline" | ...           `python -m c2jax <command>`
+    command  "pretrain" | "sft" | "rl" | ...                        `python -m c2jax <command>`
+             or a script "experiments/NAME.py" taking the same flags    `python <script>`
     grid     cartesian product of override values, either as pairs (keeps the order)
                [("model.num_experts", [8, 16]), ("rl.kl_coef", [0.0, 1e-3])]
              or nested dicts (ConfigDict rejects dots in keys; keys are then sorted)
@@ -175,8 +176,14 @@ def expand(sweep_cfg) -> list[Point]:
 
 def build_command(command: str, base_config: str, overrides: Mapping[str, Any], run_dir: str,
                   python: str = "python") -> list[str]:
-    """argv of `python -m c2jax <command> --config <base> --config.<k>=<v> ... --workdir <dir>`."""
-    argv = [python, "-m", "c2jax", command, "--config", base_config]
+    """argv of `python -m c2jax <command> --config <base> --config.<k>=<v> ... --workdir <dir>`.
+
+    A command ending in `.py` is a script (path relative to the working directory, e.g.
+    "experiments/rl_toy.py") that takes the same flags: `python <script> --config <base> ...`."""
+    if command.endswith(".py"):
+        argv = [python, command, "--config", base_config]
+    else:
+        argv = [python, "-m", "c2jax", command, "--config", base_config]
     argv += [f"--config.{k}={format_value(v)}" for k, v in overrides.items()]
     argv += ["--workdir", run_dir]
     return argv

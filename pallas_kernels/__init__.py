@@ -1,0 +1,151 @@
+"""pallas_kernels: the dispatcher the model calls (c2jax never calls a backend kernel directly).
+
+Backend from jax.default_backend(): "tpu" -> Pallas Mosaic kernels; "gpu" -> XLA (no Pallas GPU
+kernels yet); "cpu" -> XLA fallback. `impl=` overrides: "auto" | "xla" | "pallas" |
+"interpret" (Pallas kernels run by the interpreter, for CPU tests) | "reference" (pure jnp).
+"""
+# Dim letters: M rows, K contraction, N output, G groups (experts), B batch, H q heads,
+# Hk kv heads, L length, D q/k head dim, Dv v head dim, S cache length.
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from pallas_kernels._common import (
+    check_ndim,
+    check_quant,
+    interpret_params,
+    resolve_impl,
+)
+from pallas_kernels.decode_attention import reference as _dec_ref
+from pallas_kernels.decode_attention import tpu as _dec_tpu
+from pallas_kernels.flash_attention import ops as _fa_ops
+from pallas_kernels.gmm import ops as _gmm_ops
+from pallas_kernels.gmm.ops import QuantizedExperts, quantize_experts
+from pallas_kernels.qmatmul import reference as _qm_ref
+from pallas_kernels.qmatmul import tpu as _qm_tpu
+from pallas_kernels.qmatmul.reference import QuantizedWeight, quantize_weight
+from pallas_kernels.quant import (
+    dequantize_int8,
+    dequantize_mxfp8,
+    dequantize_nvfp4,
+    fake_quant,
+    quantize_int8,
+    quantize_mxfp8,
+    quantize_nvfp4,
+)
+
+__all__ = [
+    "QuantizedExperts",
+    "QuantizedWeight",
+    "decode_attention",
+    "dequantize_int8",
+    "dequantize_mxfp8",
+    "dequantize_nvfp4",
+    "fake_quant",
+    "flash_attention",
+    "gmm",
+    "qmatmul",
+    "quantize_experts",
+    "quantize_int8",
+    "quantize_mxfp8",
+    "quantize_nvfp4",
+    "quantize_weight",
+    "tgmm",
+]
+
+
+def gmm(lhs_MK, rhs_GKN, group_sizes_G, *, quant="none", preferred_element_type=jnp.float32,
+        impl="auto", tiling=None):
+    """Grouped matmul out[m] = lhs[m] @ rhs[group(m)] for rows sorted by group; custom_vjp (MXFP8 backward if quantized).
+
+    rhs_GKN may be a QuantizedExperts from quantize_experts (inference: weights stored quantized, forward only).
+    """
+    return _gmm_ops.gmm(lhs_MK, rhs_GKN, group_sizes_G, quant=quant,
+                        preferred_element_type=preferred_element_type, impl=resolve_impl(impl),
+                        tiling=tiling)
+
+
+def tgmm(lhs_MK, dy_MN, group_sizes_G, *, preferred_element_type=jnp.float32, impl="auto", tiling=None):
+    """Per-group weight gradient out[g] = lhs[rows of g]^T @ dy[rows of g] -> [G,K,N]."""
+    return _gmm_ops.tgmm(lhs_MK, dy_MN, group_sizes_G, preferred_element_type=preferred_element_type,
+                         impl=resolve_impl(impl), tiling=tiling)
+
+
+def _check_attn(q_BHLD, k_BHLD, v_BHLDv):
+    check_ndim("q_BHLD", q_BHLD, 4, "B, H, L, D")
+    check_ndim("k_BHLD", k_BHLD, 4, "B, Hk, L, D")
+    check_ndim("v_BHLDv", v_BHLDv, 4, "B, Hk, L, Dv")
+    b, h, l, d = q_BHLD.shape
+    if k_BHLD.shape[0] != b or k_BHLD.shape[3] != d or k_BHLD.shape[2] != l:
+        raise ValueError(f"k_BHLD shape {k_BHLD.shape} does not fit q_BHLD {q_BHLD.shape} (need same B, L, D)")
+    if v_BHLDv.shape[:3] != k_BHLD.shape[:3]:
+        raise ValueError(f"v_BHLDv shape {v_BHLDv.shape} must match k_BHLD {k_BHLD.shape} in B, Hk, L")
+    if h % k_BHLD.shape[1]:
+        raise ValueError(f"q heads H={h} must be a multiple of kv heads Hk={k_BHLD.shape[1]} (k_BHLD)")
+
+
+def flash_attention(q_BHLD, k_BHLD, v_BHLDv, *, segment_ids_BL=None, causal=True, sm_scale=None,
+                    impl="auto", block_sizes=None):
+    """Attention with causal/segment masks; GQA (Hk divides H) and MLA (D != Dv) shapes; differentiable."""
+    _check_attn(q_BHLD, k_BHLD, v_BHLDv)
+    b, _, l, d = q_BHLD.shape
+    if segment_ids_BL is not None:
+        check_ndim("segment_ids_BL", segment_ids_BL, 2, "B, L")
+        if tuple(segment_ids_BL.shape) != (b, l):
+            raise ValueError(f"segment_ids_BL shape {segment_ids_BL.shape} must be (B, L) = {(b, l)}")
+    scale = float(d ** -0.5 if sm_scale is None else sm_scale)
+    return _fa_ops.flash_attention_op(q_BHLD, k_BHLD, v_BHLDv, segment_ids_BL, causal=causal,
+                                      scale=scale, impl=resolve_impl(impl),
+                                      blocks=tuple(block_sizes) if block_sizes else _fa_ops.DEFAULT_BLOCKS)
+
+
+def decode_attention(q_BHD, k_cache_BHSD, v_cache_BHSDv, lengths_B, *, sm_scale=None, impl="auto",
+                     block_s=_dec_tpu.DEFAULT_BLOCK_S):
+    """One new query token per row against a ragged KV cache (positions >= lengths[b] masked)."""
+    check_ndim("q_BHD", q_BHD, 3, "B, H, D")
+    check_ndim("k_cache_BHSD", k_cache_BHSD, 4, "B, Hk, S, D")
+    check_ndim("v_cache_BHSDv", v_cache_BHSDv, 4, "B, Hk, S, Dv")
+    check_ndim("lengths_B", lengths_B, 1, "B")
+    b, h, d = q_BHD.shape
+    if k_cache_BHSD.shape[0] != b or k_cache_BHSD.shape[3] != d:
+        raise ValueError(f"k_cache_BHSD shape {k_cache_BHSD.shape} does not fit q_BHD {q_BHD.shape}")
+    if v_cache_BHSDv.shape[:3] != k_cache_BHSD.shape[:3]:
+        raise ValueError(f"v_cache_BHSDv shape {v_cache_BHSDv.shape} must match k_cache_BHSD in B, Hk, S")
+    if h % k_cache_BHSD.shape[1]:
+        raise ValueError(f"q heads H={h} must be a multiple of kv heads {k_cache_BHSD.shape[1]} (k_cache_BHSD)")
+    if lengths_B.shape[0] != b:
+        raise ValueError(f"lengths_B has {lengths_B.shape[0]} entries, batch is {b}")
+    scale = float(d ** -0.5 if sm_scale is None else sm_scale)
+    impl = resolve_impl(impl)
+    if impl in ("reference", "xla"):
+        return _dec_ref.decode_attention_reference(q_BHD, k_cache_BHSD, v_cache_BHSDv, lengths_B, scale)
+    return _dec_tpu.decode_attention_tpu(q_BHD, k_cache_BHSD, v_cache_BHSDv, lengths_B, sm_scale=scale,
+                                         block_s=block_s, interpret=interpret_params(impl))
+
+
+def qmatmul(x_MK, w, *, quant="int8", mode="weight_only", preferred_element_type=jnp.float32,
+            impl="auto", tiling=None):
+    """x @ w with quantized weights (w: float [K,N] or QuantizedWeight) and optionally quantized activations."""
+    check_ndim("x_MK", x_MK, 2, "M, K")
+    if mode not in _qm_ref.MODES:
+        raise ValueError(f"mode must be one of {_qm_ref.MODES}, got mode={mode!r}")
+    if isinstance(w, QuantizedWeight):
+        quant = w.quant
+    check_quant(quant)
+    if quant == "none":
+        raise ValueError("qmatmul needs quant in int8|mxfp8|nvfp4 (got quant='none'); use jnp.dot")
+    w_shape = w.values_KN.shape if isinstance(w, QuantizedWeight) else jnp.shape(w)
+    if len(w_shape) != 2 or w_shape[0] != x_MK.shape[1]:
+        raise ValueError(f"w must be [K, N] with K={x_MK.shape[1]} (x_MK), got shape {w_shape}")
+    blk = _qm_ref.block_of(quant)
+    if x_MK.shape[1] % blk:
+        raise ValueError(f"quant={quant!r} needs K divisible by {blk}; x_MK has K={x_MK.shape[1]}")
+    if not isinstance(w, QuantizedWeight):
+        w = quantize_weight(w, quant)
+    impl = resolve_impl(impl)
+    if impl in ("reference", "xla"):
+        return _qm_ref.qmatmul_reference(x_MK, w, mode, preferred_element_type)
+    return _qm_tpu.qmatmul_tpu(x_MK, w, mode, preferred_element_type=preferred_element_type,
+                               tiling=tiling or _qm_tpu.DEFAULT_TILING, interpret=interpret_params(impl))
+
+

@@ -112,6 +112,23 @@ def test_dry_run_and_launch_commands(tmp_path):
         "--config.a.b=True", "--config.c=1.0", "--workdir", "d"]
 
 
+def test_script_command(tmp_path):
+    """A command ending in .py runs that script with the same flags (experiments/*.py runners)."""
+    argv = sweep.build_command("experiments/rl_toy.py", "configs/rl_tiny.py:toy", {"rl.steps": 3}, "d", python="py")
+    assert argv == ["py", "experiments/rl_toy.py", "--config", "configs/rl_tiny.py:toy", "--config.rl.steps=3",
+                    "--workdir", "d"]
+    script = tmp_path / "point.py"
+    script.write_text("import sys, json, os\n"
+                      "a = sys.argv[1:]\n"
+                      "wd = a[a.index('--workdir') + 1]\n"
+                      "json.dump({'loss': float(a[2].split('=')[1])}, open(os.path.join(wd, 'results.json'), 'w'))\n")
+    cfg = make_cfg(command=str(script), points=[{"x": 0.5}, {"x": 2.0}], metrics=["loss"])
+    wd = str(tmp_path / "sw")
+    res = sweep.run_sweep(cfg, wd, log=lambda _: None)
+    assert [r.status for r in res] == ["done", "done"]
+    assert [row[-1] for row in sweep.collect(wd, ["loss"]).rows] == [0.5, 2.0]
+
+
 def test_launch_line_runs_in_shell(tmp_path):
     """The launch line skips DONE points and writes DONE on success (python -> `true`)."""
     cfg = make_cfg(points=[{"x": 1}])

@@ -7,6 +7,7 @@ C capacity per expert, A assignments (T*K), X group count.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import flax.linen as nn
@@ -132,13 +133,17 @@ MIN_DROPLESS_CAPACITY = 64
 
 
 def capacity_dispatch(x_TD, ids_TK, weights_TK, w_gate, w_up, w_down, capacity_factor):
-    """Capacity-based: gather each expert's first C assignments into [E, C, D] by index, batched
-    einsum, gather back; assignments past capacity are dropped (their fraction is returned)."""
+    """Capacity-based: each expert takes its first C assignments (in token order); assignments past
+    capacity are dropped (their fraction is returned). On CPU the kept rows are packed into
+    expert-aligned blocks and only the occupied blocks are computed (no padding to C); elsewhere
+    they are gathered into [E, C, D] for one batched einsum."""
     T, K = ids_TK.shape
     E = w_gate.shape[0]
     # Small token counts (decode steps) get cap = T: dropless, so decoding stays exact and
     # batch-invariant; large ones get the configured factor.
     cap = min(T, max(int(math.ceil(capacity_factor * T * K / E)), MIN_DROPLESS_CAPACITY))
+    if jax.default_backend() == "cpu":
+        return _block_dispatch(x_TD, ids_TK, weights_TK, w_gate, w_up, w_down, cap, CPU_BLOCK_ROWS)
     order_A, group_sizes_E = sort_assignments(ids_TK, E)
     flat_A = ids_TK.reshape(-1)
     starts_E = jnp.cumsum(group_sizes_E) - group_sizes_E
@@ -157,6 +162,104 @@ def capacity_dispatch(x_TD, ids_TK, weights_TK, w_gate, w_up, w_down, capacity_f
     out = jnp.einsum("tkd,tk->td", y_TKD.astype(jnp.float32), weights_TK.astype(jnp.float32))
     dropped = jnp.mean((~keep_A).astype(jnp.float32))  # exactly 0 when nothing is dropped
     return out.astype(x_TD.dtype), dropped
+
+
+# Rows per block of the CPU capacity path: padding waste is ~E * b / 2 rows, per-block overhead is
+# a loop step and three [b, D] x [D, F] products (128 was fastest on the 89M bench shape).
+CPU_BLOCK_ROWS = 128
+
+
+def _block_dispatch(x_TD, ids_TK, weights_TK, w_gate, w_up, w_down, cap, block):
+    """Capacity dispatch as expert-aligned blocks. Kept assignments (rank < cap within their expert,
+    in token order) are gathered, sorted by expert, into R = NB * b rows where each expert's rows
+    start on a block boundary (rows R' = occupied blocks * b; the rest stay zero and are skipped);
+    `_block_ffn` loops over the occupied blocks only; results are gathered back per assignment."""
+    T, K = ids_TK.shape
+    E = w_gate.shape[0]
+    A = T * K
+    b = max(1, min(block, cap))
+    nb = min(E * -(-cap // b), A // b + E)            # static bound on occupied blocks
+    R = nb * b
+    order_A, n_E = sort_assignments(ids_TK, E)
+    flat_A = ids_TK.reshape(-1)
+    starts_E = jnp.cumsum(n_E) - n_E
+    nblk_E = (jnp.minimum(n_E, cap) + b - 1) // b
+    blk_hi_E = jnp.cumsum(nblk_E).astype(jnp.int32)
+    blk_lo_E = blk_hi_E - nblk_E
+    e_sorted_A = flat_A[order_A]
+    rank_sorted_A = jnp.arange(A, dtype=jnp.int32) - starts_E[e_sorted_A]
+    row_sorted_A = jnp.where(rank_sorted_A < cap, blk_lo_E[e_sorted_A] * b + rank_sorted_A, R)
+    src_R = jnp.full((R + 1,), T, jnp.int32).at[row_sorted_A].set(order_A // K)[:R]  # T: a zero row
+    x_RD = jnp.concatenate([x_TD, jnp.zeros((1, x_TD.shape[-1]), x_TD.dtype)])[src_R]
+    y_RD = _block_ffn(x_RD, w_gate, w_up, w_down, blk_lo_E, blk_hi_E, b)
+    row_A = jnp.zeros((A,), jnp.int32).at[order_A].set(row_sorted_A)
+    keep_A = row_A < R
+    y_TKD = jnp.concatenate([y_RD, jnp.zeros((1, y_RD.shape[-1]), y_RD.dtype)])[row_A].reshape(T, K, -1)
+    out = jnp.einsum("tkd,tk->td", y_TKD.astype(jnp.float32), weights_TK.astype(jnp.float32))
+    dropped = jnp.mean((~keep_A).astype(jnp.float32))  # exactly 0 when nothing is dropped
+    return out.astype(x_TD.dtype), dropped
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
+def _block_ffn(x_RD, w_gate, w_up, w_down, blk_lo_E, blk_hi_E, b):
+    """SwiGLU per block: rows of block i (in [blk_lo_E[e], blk_hi_E[e]) for expert e) use expert
+    e's weights; blocks outside every range are left zero. Loops run only over occupied blocks."""
+    return _block_ffn_fwd(x_RD, w_gate, w_up, w_down, blk_lo_E, blk_hi_E, b)[0]
+
+
+def _block_ffn_fwd(x_RD, w_gate, w_up, w_down, blk_lo_E, blk_hi_E, b):
+    R, D = x_RD.shape
+    E, _, F = w_gate.shape
+
+    def expert(e, carry):
+        wg, wu, wd = w_gate[e], w_up[e], w_down[e]
+
+        def block(i, c):
+            y, g, u = c
+            x_bD = jax.lax.dynamic_slice_in_dim(x_RD, i * b, b)
+            g_bF, u_bF = x_bD @ wg, x_bD @ wu
+            y_bD = (nn.silu(g_bF) * u_bF) @ wd
+            return tuple(jax.lax.dynamic_update_slice_in_dim(a, v, i * b, 0) for a, v in
+                         ((y, y_bD), (g, g_bF), (u, u_bF)))
+        return jax.lax.fori_loop(blk_lo_E[e], blk_hi_E[e], block, carry)
+
+    init = (jnp.zeros((R, D), x_RD.dtype), jnp.zeros((R, F), x_RD.dtype), jnp.zeros((R, F), x_RD.dtype))
+    y, g, u = jax.lax.fori_loop(0, E, expert, init)
+    return y, (x_RD, w_gate, w_up, w_down, blk_lo_E, blk_hi_E, g, u)
+
+
+def _block_ffn_bwd(b, res, dy_RD):
+    x_RD, w_gate, w_up, w_down, blk_lo_E, blk_hi_E, g_RF, u_RF = res
+    E = w_gate.shape[0]
+
+    def expert(e, carry):
+        dx, dwg, dwu, dwd = carry
+        wg, wu, wd = w_gate[e], w_up[e], w_down[e]
+
+        def block(i, c):
+            dx, dwg_e, dwu_e, dwd_e = c
+            rows = lambda a: jax.lax.dynamic_slice_in_dim(a, i * b, b)  # noqa: E731
+            x_bD, g_bF, u_bF, dy_bD = rows(x_RD), rows(g_RF), rows(u_RF), rows(dy_RD)
+            sig = jax.nn.sigmoid(g_bF)
+            silu = g_bF * sig
+            dh_bF = dy_bD @ wd.T
+            dg_bF = dh_bF * u_bF * (sig * (1 + g_bF * (1 - sig)))
+            du_bF = dh_bF * silu
+            dx_bD = dg_bF @ wg.T + du_bF @ wu.T
+            return (jax.lax.dynamic_update_slice_in_dim(dx, dx_bD, i * b, 0), dwg_e + x_bD.T @ dg_bF,
+                    dwu_e + x_bD.T @ du_bF, dwd_e + (silu * u_bF).T @ dy_bD)
+        dx, dwg_e, dwu_e, dwd_e = jax.lax.fori_loop(
+            blk_lo_E[e], blk_hi_E[e], block, (dx, jnp.zeros_like(wg), jnp.zeros_like(wu), jnp.zeros_like(wd)))
+        return (dx, jax.lax.dynamic_update_index_in_dim(dwg, dwg_e, e, 0),
+                jax.lax.dynamic_update_index_in_dim(dwu, dwu_e, e, 0),
+                jax.lax.dynamic_update_index_in_dim(dwd, dwd_e, e, 0))
+
+    init = (jnp.zeros_like(x_RD), jnp.zeros_like(w_gate), jnp.zeros_like(w_up), jnp.zeros_like(w_down))
+    dx, dwg, dwu, dwd = jax.lax.fori_loop(0, E, expert, init)
+    return dx, dwg, dwu, dwd, None, None
+
+
+_block_ffn.defvjp(_block_ffn_fwd, _block_ffn_bwd)
 
 
 def resolve_dispatch(m) -> str:

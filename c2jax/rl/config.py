@@ -35,6 +35,7 @@ def rl_defaults() -> ml_collections.ConfigDict:
     c.max_turns = 4  # assistant messages per episode
     c.max_total_tokens = 768  # context budget of an episode (sampler max_len = this + 1)
     c.list_tools_in_system = False  # append the tool JSON specs to the system prompt
+    c.system_prompt = ""  # episode system prompt ("" = the harness default, c2jax.agent.runner)
     c.env_workers = 8  # concurrent episodes (threads)
     c.sampler_slots = 8  # sampler cache slots (concurrent sequences)
     c.sampler_chunk = 16  # decode steps per on-device loop

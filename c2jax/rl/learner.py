@@ -175,6 +175,14 @@ def score_fn(cfg):
     return jax.jit(lambda p, b, f: _logp(cfg, p, b, f))
 
 
+@functools.lru_cache(maxsize=8)
+def _compiled_step(cfg_json: str):
+    """One jitted step per config (learners of equal configs share compiles)."""
+    import json
+    cfg = ml_collections.ConfigDict(json.loads(cfg_json))
+    return jax.jit(functools.partial(rl_train_step, cfg, make_optimizer(cfg.train)), donate_argnums=(0,))
+
+
 class Learner:
     """Holds the train state and the reference params; `step(trajs, advantages)` updates."""
 
@@ -188,7 +196,7 @@ class Learner:
         m = self.cfg.model
         _, self.num_moe_layers = layer_counts(m)
         self.top_k = m.num_experts_per_tok if self.num_moe_layers else 0
-        self._step = jax.jit(functools.partial(rl_train_step, self.cfg, self.optimizer), donate_argnums=(0,))
+        self._step = _compiled_step(self.cfg.to_json())
 
     @property
     def version(self) -> int:

@@ -74,7 +74,7 @@ def evaluate(env, service, tasks, k: int, temperature: float, seed: int, workers
     """pass@1 (mean success over all attempts) and best-of-K (any success per task)."""
     def one(args):
         i, j = args
-        _, passed = env.episode(tasks[i], service, f"eval/{tag}/{i}/{j}", seed, temperature, group_id=f"eval{i}")
+        _, passed = env.episode(tasks[i], service, f"eval/{i}/{j}", seed, temperature, group_id=f"eval{i}")
         return i, passed
     ok = np.zeros((len(tasks), k), bool)
     with concurrent.futures.ThreadPoolExecutor(max(workers, 1)) as ex:
@@ -120,7 +120,7 @@ def run_rl(cfg, workdir: str, *, hooks=None) -> dict:
     params0 = _initial_params(cfg)
     learner = Learner(cfg, params0, seed=cfg.seed)
     ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), r.checkpoint_every, r.keep_checkpoints,
-                        async_save=False)
+                        async_save=True)  # finalized atomically: a crash mid-save restores the previous step
     consumed: set[int] = set()
     dropped: list[int] = []
     step = 0
@@ -146,7 +146,7 @@ def run_rl(cfg, workdir: str, *, hooks=None) -> dict:
     heldout = []
     for s in eval_suites:
         heldout += env.load_tasks(s, "heldout", max(r.eval_tasks // len(eval_suites), 1), cfg.seed)
-    summary = {"start_step": step, "evals": []}
+    summary = {"start_step": step, "resumed_consumed": sorted(consumed), "evals": []}
 
     def run_eval(at):
         t0 = time.monotonic()
@@ -222,6 +222,7 @@ def run_rl(cfg, workdir: str, *, hooks=None) -> dict:
             m["sampler_restarts"] = service.restarts
             m["env_worker_restarts"] = orch.env_restarts
             m["groups_trained"] = len(keep)
+            m["trained_groups"] = [g.index for g in keep]
             m["turns_mean"] = float(np.mean([t.stats.get("turns", 1) for t in trajs]))
             writer.write(step, m)
             log.info("rl step %d/%d reward %.3f pass %.2f staleness %.2f idle %.2f", step, r.steps, m["reward"],

@@ -202,7 +202,7 @@ class Orchestrator:
 
     # -- environment workers
     def _spawn_worker(self, w: int) -> threading.Thread:
-        t = threading.Thread(target=self._work, args=(w,), name=f"c2jax-env-{w}", daemon=True)
+        t = threading.Thread(target=self._work_guarded, args=(w,), name=f"c2jax-env-{w}", daemon=True)
         t.start()
         return t
 
@@ -219,6 +219,12 @@ class Orchestrator:
                             self.cond.notify_all()
                         return
                     self.workers[w] = self._spawn_worker(w)
+
+    def _work_guarded(self, w: int):
+        try:
+            self._work(w)
+        except Exception as e:  # noqa: BLE001 - the thread ends; the supervisor restarts it
+            log.warning("environment worker %d died: %s: %s", w, type(e).__name__, e)
 
     def _work(self, w: int):
         while not self._stop.is_set():

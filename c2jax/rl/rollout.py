@@ -273,6 +273,8 @@ class HarnessEnv:
         config = EpisodeConfig(max_turns=r.max_turns, max_total_tokens=r.max_total_tokens,
                                max_new_tokens=r.max_new_tokens, list_tools_in_system=r.list_tools_in_system,
                                keep_workspace=True)
+        if r.system_prompt:
+            config.system_prompt = r.system_prompt
         res = run_episode(task, SamplerPolicy(EpisodeSampler(service, key, seed, temperature)), self.tokenizer,
                           self.sandbox, config, group_id)
         try:

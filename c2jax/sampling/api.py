@@ -105,6 +105,8 @@ class HarnessSampler:
             if v is not None:
                 kw[k] = tuple(v) if k == "stop_token_ids" else v
         context = [int(t) for t in context_token_ids]
+        if max_new_tokens <= 0:
+            return [], [], [], None
         room = self.sampler.S - 1 - len(context)
         if room < 1:
             raise ValueError(f"context of {len(context)} tokens leaves no room in max_len={self.sampler.S}")

@@ -431,7 +431,7 @@ class Sampler:
         ex = None if experts is None else np.asarray(experts)  # [N, b, L, K]
         # cache bookkeeping: every dest slot holds src's cached prefix + the prefilled suffix
         old = {}
-        for _, i, row, s, src, start, n in rows:
+        for *_, src, start, _n in rows:
             if src not in old:
                 old[src] = (list(self.slot_tokens[src][:start]), list(self.slot_experts[src]))
         for _, i, row, s, src, start, n in rows:
@@ -440,7 +440,7 @@ class Sampler:
             prev = _cat(exps)[:start] if exps else None
             new = None if ex is None else np.transpose(ex[:, i, :n], (1, 0, 2))
             self.slot_experts[s] = [e for e in (prev, new) if e is not None]
-        for k, i, row, s, *_ in rows:
+        for k, _i, row, s, *_ in rows:
             self.slot_row[s] = row
             self._slot_used[s] = next(self._tick)
             self._append(row, [int(tok[k])], [float(lp[k])], [float(raw[k])], version)

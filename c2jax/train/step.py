@@ -21,10 +21,33 @@ BATCH_KEYS = ("inputs", "targets", "segment_ids", "positions", "loss_weights")
 
 def token_nll(logits_BLV, targets_BL):
     """Per-token negative log-likelihood (float32) and logsumexp."""
-    logits = logits_BLV.astype(jnp.float32)
-    lse_BL = jax.nn.logsumexp(logits, axis=-1)
-    target_logit = jnp.take_along_axis(logits, targets_BL[..., None], axis=-1)[..., 0]
+    return _nll_lse(logits_BLV.astype(jnp.float32), targets_BL)
+
+
+@jax.custom_vjp
+def _nll_lse(logits_BLV, targets_BL):
+    lse_BL = jax.nn.logsumexp(logits_BLV, axis=-1)
+    target_logit = jnp.take_along_axis(logits_BLV, targets_BL[..., None], axis=-1)[..., 0]
     return lse_BL - target_logit, lse_BL
+
+
+def _nll_lse_fwd(logits_BLV, targets_BL):
+    nll_BL, lse_BL = _nll_lse(logits_BLV, targets_BL)
+    return (nll_BL, lse_BL), (logits_BLV, targets_BL, lse_BL)
+
+
+def _nll_lse_bwd(res, cts):
+    # d/dlogits: (g_nll + g_lse) * softmax - g_nll * onehot(target), in one elementwise pass over
+    # the [B, L, V] logits (autodiff adds a zero-filled scatter for the target gather).
+    logits_BLV, targets_BL, lse_BL = res
+    g_nll, g_lse = cts
+    probs = jnp.exp(logits_BLV - lse_BL[..., None])
+    hit = jax.lax.broadcasted_iota(jnp.int32, logits_BLV.shape, logits_BLV.ndim - 1) == targets_BL[..., None]
+    d = (g_nll + g_lse)[..., None] * probs - jnp.where(hit, g_nll[..., None], 0.0)
+    return d.astype(logits_BLV.dtype), None
+
+
+_nll_lse.defvjp(_nll_lse_fwd, _nll_lse_bwd)
 
 
 def mtp_distill_loss(mtp_logits_DBLV, logits_BLV, loss_weights_BL, segment_ids_BL):

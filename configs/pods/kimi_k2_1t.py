@@ -1,14 +1,17 @@
 """Kimi K2.5 (1.04T total / 32B active, Composer 2's backbone) on a TPU v5p-1024 slice
 (topology v5p:8x8x8 = 512 chips, 95 GB HBM each). Why 512 chips: AdamW training keeps
 f32 params + two f32 moments (12 B/param = 12.5 TB) plus f32 gradients (4.2 TB): ~16.6 TB, so
-at least ~190 chips for state alone; 512 leaves room for activations and matches the
-report's EP 8 groups (64 of them).
+at least ~190 chips for state alone; 512 leaves room for activations.
 
-Layouts (arg "cpt" or "rl", default "cpt"), as in the report (section 6):
-  cpt: CP 2, EP 8 = data 4 x context 2; 8K-token rows, 256 rows (2M tokens) per step.
-  rl:  CP 8, EP 8 = the 8 context ranks; 32K-token rows, 64 rows (2M tokens) per step.
-Dense weights are FSDP-sharded over fsdp x context (CP folded into FSDP); expert weights
-over the EP axes (experts) x fsdp (expert_embed); the two shardings cover the same chips.
+Layouts (arg "cpt" or "rl", default "cpt"), after the report (section 6), with CP folded into
+FSDP and EP built from data x context devices:
+  cpt: CP 2; 8K-token rows, 256 rows (2M tokens) per step.
+  rl:  CP 8; 32K-token rows, 64 rows (2M tokens) per step.
+The report runs EP 8 on GPUs with ~2x the memory of a v5p chip; EP 8 here means 48 experts
+(4.2 GB of bf16 expert weights per layer) gathered on each chip per layer, so both layouts use
+EP 64 = data x context x expert (6 experts per chip and layer). Dense weights are FSDP-sharded
+over fsdp x context x expert, expert weights over the EP axes (experts) x fsdp (expert_embed):
+two shardings of the same chips.
 
     python -m c2jax compile-check --config configs/pods/kimi_k2_1t.py:cpt --topology v5p:8x8x8
 """
@@ -21,9 +24,9 @@ from c2jax.config import default_config, load_config_file
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 LAYOUTS = {
-    #       mesh (data, fsdp, context, expert), EP axes, batch, seq, query chunk
-    "cpt": ((4, 64, 2, 1), ("data", "context"), 256, 8192, 1024),
-    "rl": ((1, 64, 8, 1), ("data", "context"), 64, 32768, 512),
+    #       mesh (data, fsdp, context, expert), batch, seq, query chunk
+    "cpt": ((8, 8, 2, 4), 256, 8192, 1024),
+    "rl": ((1, 8, 8, 8), 64, 32768, 512),
 }
 
 
@@ -31,7 +34,7 @@ def get_config(arg=None):
     layout = arg or "cpt"
     if layout not in LAYOUTS:
         raise ValueError(f"layout {layout!r}: choose one of {sorted(LAYOUTS)}")
-    shape, ep_axes, batch, seq, chunk = LAYOUTS[layout]
+    shape, batch, seq, chunk = LAYOUTS[layout]
     cfg = default_config()
     cfg.model = load_config_file(os.path.join(_HERE, "..", "kimi_k2_1t.py")).model
     cfg.model.name = f"kimi_k2_1t_{layout}"
@@ -40,7 +43,8 @@ def get_config(arg=None):
     cfg.mesh.shape = shape
     cfg.mesh.attention_chunk = chunk
     cfg.mesh.ep_capacity_factor = 2.0
-    cfg.mesh.rules = tuple((n, {"embed": ("fsdp", "context"), "experts": ep_axes, "expert_embed": "fsdp",
+    cfg.mesh.rules = tuple((n, {"embed": ("fsdp", "context", "expert"), "experts": ("data", "context", "expert"),
+                                "expert_embed": "fsdp",
                                 "batch": ("data", "fsdp", "expert")}.get(n, t)) for n, t in cfg.mesh.rules)
     cfg.train.batch_size, cfg.train.seq_len = batch, seq
     cfg.pod = ml_collections.ConfigDict({

@@ -1,0 +1,206 @@
+"""Training-step throughput and MFU of c2jax vs the Hugging Face PyTorch peer, same shape, same run.
+
+    JAX_PLATFORMS=cpu .venv/bin/python experiments/bench/train_step.py
+    JAX_PLATFORMS=cpu .venv/bin/python experiments/bench/train_step.py --steps 3 --rounds 2 --no-peer
+
+Model: configs/ablation.py:l (89M Qwen3-MoE: 6 layers, hidden 512, 16 experts top-2 of width 512,
+heads 8 / kv 4, head_dim 64, vocab 8192) with every layer MoE and an untied head, exactly the
+peer's shape (experiments/reference/bench_common.py; the parameter counts are checked equal).
+Step: c2jax.train.step.make_train_step with c2jax.train.optimizer.make_optimizer (AdamW b1 0.9,
+b2 0.95, wd 0.1, global-norm clip 1.0), float32, batch 8 x 512 random tokens, next-token loss.
+Peer: experiments/reference/hf_train_step.py in .venv-ref (torch CPU, AdamW, same betas/wd, no clip).
+
+Interleaving: the machine is shared, so timings drift; the c2jax timed steps are split into
+rounds run before and after each peer subprocess (ours, peer, ours, peer, ..., ours), and the
+matmul peak (c2jax.train.metrics.measured_matmul_peak) is measured at the start and the end.
+Reported: median step time over all timed steps of each side; MFU = flops_per_token x tokens/s
+/ best measured peak (FLOPs from c2jax.models.flops_per_token: useful matmul FLOPs only, so
+capacity padding or recomputation count against MFU).
+
+XLA CPU flags, if any, are set here only (before jax is imported), never in the library.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REF_PY = os.path.join(ROOT, ".venv-ref", "bin", "python")
+HF_STEP = os.path.join(ROOT, "experiments", "reference", "hf_train_step.py")
+PEER_PARAMS = 88_661_248  # experiments/reference/README.md
+
+# Bench-only overrides of configs/ablation.py:l so it is exactly the peer's model.
+OVERRIDES = {
+    "model.first_k_dense": 0, "model.tie_embeddings": False, "model.qk_norm": True, "model.router": "softmax",
+    "model.norm_topk_prob": True, "model.num_shared_experts": 0, "model.rope_theta": 10000.0,
+    "model.rms_norm_eps": 1e-6, "model.load_balance_loss_weight": 0.0, "model.router_z_loss_weight": 0.0,
+    "model.dtype": "float32", "model.param_dtype": "float32", "model.remat": "none",
+    "train.weight_decay": 0.1, "train.b1": 0.9, "train.b2": 0.95, "train.grad_accum": 1, "train.z_loss": 0.0,
+    "train.warmup_steps": 0, "train.lr": 1e-4,
+}
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=512)
+    ap.add_argument("--steps", type=int, default=3, help="timed c2jax steps per round")
+    ap.add_argument("--rounds", type=int, default=2, help="c2jax rounds; a peer run sits between two rounds")
+    ap.add_argument("--warmup", type=int, default=1, help="c2jax untimed steps after compile")
+    ap.add_argument("--peer-steps", type=int, default=3)
+    ap.add_argument("--peer-warmup", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=2, help="peer torch threads")
+    ap.add_argument("--no-peer", action="store_true")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="extra config overrides (e.g. model.capacity_factor=1.25)")
+    ap.add_argument("--xla-flags", default="", help="appended to XLA_FLAGS before jax is imported")
+    ap.add_argument("--out", default=os.path.join(ROOT, "experiments", "results", "train_step", "table.md"))
+    ap.add_argument("--json", default="", help="also write the raw numbers here")
+    return ap.parse_args(argv)
+
+
+def run_peer(args):
+    if not os.path.exists(REF_PY):
+        return None, "peer not available (.venv-ref missing)"
+    cmd = [REF_PY, HF_STEP, "--batch", str(args.batch), "--seq", str(args.seq), "--steps", str(args.peer_steps),
+           "--warmup", str(args.peer_warmup), "--threads", str(args.threads)]
+    t = time.perf_counter()
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        return None, f"peer failed (rc {p.returncode}): {p.stderr.strip()[-500:]}"
+    line = [ln for ln in p.stdout.splitlines() if ln.startswith("{")][-1]
+    out = json.loads(line)
+    out["wall_s"] = time.perf_counter() - t
+    return out, " ".join(os.path.relpath(c, ROOT) if c.startswith(ROOT) else c for c in cmd)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.xla_flags:
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + args.xla_flags).strip()
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from c2jax.config import apply_overrides, load_config_file, validate
+    from c2jax.models import flops_per_token, init_params, param_count
+    from c2jax.train.metrics import measured_matmul_peak
+    from c2jax.train.optimizer import make_optimizer
+    from c2jax.train.step import init_state, make_train_step
+
+    cfg = load_config_file(os.path.join(ROOT, "configs", "ablation.py") + ":l")
+    apply_overrides(cfg, {**OVERRIDES, "train.batch_size": args.batch, "train.seq_len": args.seq})
+    apply_overrides(cfg, list(args.set))
+    validate(cfg)
+    counts = param_count(cfg)
+    if counts["total"] != PEER_PARAMS:
+        raise SystemExit(f"c2jax model has {counts['total']:,} params, peer {PEER_PARAMS:,}: shapes differ")
+    fpt = flops_per_token(cfg, args.seq, training=True)
+
+    peaks = [measured_matmul_peak()]
+    optimizer = make_optimizer(cfg.train)
+    params = init_params(cfg, jax.random.key(0))
+    state = init_state(cfg, optimizer, params, seed=0)
+    del params
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, cfg.model.vocab_size, (args.batch, args.seq + 1)).astype(np.int32)
+    B, L = args.batch, args.seq
+    w = np.ones((B, L), np.float32)
+    batch = {"inputs": jnp.asarray(ids[:, :-1]), "targets": jnp.asarray(ids[:, 1:]),
+             "segment_ids": jnp.ones((B, L), jnp.int32),
+             "positions": jnp.broadcast_to(jnp.arange(L, dtype=jnp.int32), (B, L)),
+             "loss_weights": jnp.asarray(w)}
+    step = make_train_step(cfg, optimizer)
+    t = time.perf_counter()
+    compiled = step.lower(state, batch).compile()
+    compile_s = time.perf_counter() - t
+    losses = []
+    for _ in range(args.warmup):
+        state, metrics = compiled(state, batch)
+        losses.append(float(metrics["loss"]))
+
+    ours_times, peer_runs, peer_note, dropped = [], [], "", []
+
+    def ours_round():
+        nonlocal state
+        for _ in range(args.steps):
+            t0 = time.perf_counter()
+            state, metrics = compiled(state, batch)
+            jax.block_until_ready(state)
+            ours_times.append(time.perf_counter() - t0)
+            losses.append(float(metrics["loss"]))
+            dropped.append(float(metrics.get("dropped_fraction", 0.0)))
+
+    for r in range(args.rounds):
+        ours_round()
+        if r < args.rounds - 1 or args.rounds == 1:
+            if args.no_peer:
+                peer_note = "peer skipped (--no-peer)"
+            else:
+                peer, peer_note = run_peer(args)
+                if peer is not None:
+                    peer_runs.append(peer)
+                    if peer["params"] != counts["total"]:
+                        raise SystemExit(f"peer has {peer['params']:,} params, c2jax {counts['total']:,}")
+    peaks.append(measured_matmul_peak())
+    peak = max(peaks)
+    tokens = B * L
+    ours_step = statistics.median(ours_times)
+    ours_tps = tokens / ours_step
+    rows = [("c2jax (JAX/XLA)", ours_tps, ours_step, fpt * ours_tps / peak)]
+    peer_tps = None
+    if peer_runs:
+        peer_times = [s for p in peer_runs for s in p["step_s"]]
+        peer_step = statistics.median(peer_times)
+        peer_tps = tokens / peer_step
+        rows.append((f"HF peer ({peer_runs[0]['framework']}, {peer_runs[0]['threads']} threads)",
+                     peer_tps, peer_step, fpt * peer_tps / peak))
+    load = os.getloadavg()[0]
+    cmd = "JAX_PLATFORMS=cpu .venv/bin/python experiments/bench/train_step.py " + " ".join(
+        a if " " not in a else repr(a) for a in (argv if argv is not None else sys.argv[1:]))
+    lines = [
+        f"# Train step: c2jax vs HF peer (89M Qwen3-MoE, f32, CPU, batch {B} x {L})", "",
+        f"Command: `{cmd.strip()}`", "",
+        "| impl | tokens/s | step ms | MFU | vs peer |", "|---|---|---|---|---|"]
+    for name, tps, st, mfu in rows:
+        ratio = f"{tps / peer_tps:.2f}x" if peer_tps else "n/a"
+        lines.append(f"| {name} | {tps:.0f} | {st * 1e3:.0f} | {100 * mfu:.1f}% | {ratio} |")
+    lines += [
+        "",
+        f"- params {counts['total']:,} (peer {PEER_PARAMS:,}); FLOPs/token (training) {fpt / 1e6:.1f} M "
+        f"(c2jax.models.flops_per_token, seq {L})",
+        f"- matmul peak (measured_matmul_peak, start/end): {', '.join(f'{p / 1e9:.1f}' for p in peaks)} GFLOP/s; "
+        f"MFU uses the best",
+        f"- c2jax step s: {', '.join(f'{x:.2f}' for x in ours_times)} (compile {compile_s:.1f} s); "
+        f"dispatch {cfg.model.moe_dispatch}, capacity_factor {cfg.model.capacity_factor}, "
+        f"max dropped fraction {max(dropped):.4f}",
+        f"- peer step s: {', '.join(f'{x:.2f}' for p in peer_runs for x in p['step_s']) or peer_note}",
+        f"- loss c2jax first/last {losses[0]:.4f} / {losses[-1]:.4f}"
+        + (f"; peer {peer_runs[0]['loss_first']:.4f} / {peer_runs[-1]['loss_last']:.4f}" if peer_runs else ""),
+        f"- XLA_FLAGS: `{os.environ.get('XLA_FLAGS', '')}`; extra overrides: {args.set or 'none'}; "
+        f"load average (1m) at end {load:.1f} on {os.cpu_count()} CPUs (shared machine: compare ratios)",
+    ]
+    if not peer_runs:
+        lines.append(f"- {peer_note}")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        os.makedirs(os.path.dirname(args.out), exist_ok=True)
+        with open(args.out, "w") as f:
+            f.write(text)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"ours_step_s": ours_times, "peer": peer_runs, "peaks": peaks, "flops_per_token": fpt,
+                       "compile_s": compile_s, "loadavg": load, "set": args.set,
+                       "xla_flags": os.environ.get("XLA_FLAGS", "")}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Decode attention against a ragged KV cache."""

@@ -1,0 +1,91 @@
+"""Pallas TPU (Mosaic) decode attention: online softmax over cache blocks, blocks past the length skipped.
+
+All G = H/K query heads of one kv head are processed together, so each KV block is read once.
+"""
+# Dim letters: B batch, H q heads, K kv heads, G = H/K, S cache length, D q/k head dim, E v head dim.
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from pallas_kernels._common import pad_axis, round_up
+from pallas_kernels.gmm.metadata import pick_tile
+
+MASK_VALUE = -1e30
+DEFAULT_BLOCK_S = 512
+VMEM_LIMIT_BYTES = 32 * 1024 * 1024
+
+
+def _decode_kernel(len_ref, q_ref, k_ref, v_ref, o_ref, m_sc, l_sc, acc_sc, *, scale, bs, ns):
+    b, si = pl.program_id(0), pl.program_id(2)
+    length = len_ref[b]
+
+    @pl.when(si == 0)
+    def _():
+        m_sc[...] = jnp.full_like(m_sc, MASK_VALUE)
+        l_sc[...] = jnp.zeros_like(l_sc)
+        acc_sc[...] = jnp.zeros_like(acc_sc)
+
+    @pl.when(si * bs < length)
+    def _():
+        s = jax.lax.dot_general(q_ref[...], k_ref[...], (((1,), (1,)), ((), ())),
+                                preferred_element_type=jnp.float32) * scale  # [G, bs]
+        cols = si * bs + jax.lax.broadcasted_iota(jnp.int32, s.shape, 1)
+        mask = cols < length
+        s = jnp.where(mask, s, MASK_VALUE)
+        m_prev = m_sc[...]
+        m_new = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))
+        p = jnp.where(mask, jnp.exp(s - m_new), 0.0)
+        alpha = jnp.exp(m_prev - m_new)
+        l_sc[...] = alpha * l_sc[...] + jnp.sum(p, axis=1, keepdims=True)
+        acc_sc[...] = alpha * acc_sc[...] + jnp.dot(p.astype(v_ref.dtype), v_ref[...],
+                                                    preferred_element_type=jnp.float32)
+        m_sc[...] = m_new
+
+    @pl.when(si == ns - 1)
+    def _():
+        l = l_sc[...]
+        o_ref[...] = (acc_sc[...] / jnp.where(l == 0.0, 1.0, l)).astype(o_ref.dtype)
+
+
+def decode_attention_tpu(q_BHD, k_cache_BKSD, v_cache_BKSE, lengths_B, *, sm_scale,
+                         block_s=DEFAULT_BLOCK_S, interpret=False):
+    """Decode attention on TPU; pads S only when no multiple of 128 <= block_s divides it."""
+    b, h, d = q_BHD.shape
+    kh, s = k_cache_BKSD.shape[1], k_cache_BKSD.shape[2]
+    e = v_cache_BKSE.shape[3]
+    g = h // kh
+    bs = pick_tile(s, block_s, 128)
+    sp = round_up(s, bs)
+    k = pad_axis(k_cache_BKSD, 2, sp)
+    v = pad_axis(v_cache_BKSE, 2, sp)
+    ns = sp // bs
+    q_BKGD = q_BHD.reshape(b, kh, g, d)
+    lengths_B = jnp.clip(lengths_B.astype(jnp.int32), 0, s)
+
+    def kv_idx(b_, h_, si, lens):
+        last = jnp.maximum(jax.lax.div(lens[b_] + bs - 1, bs) - 1, 0)  # lax.div: no sign op in Mosaic
+        return (b_, h_, jnp.minimum(si, last), 0)
+
+    out = pl.pallas_call(
+        functools.partial(_decode_kernel, scale=sm_scale, bs=bs, ns=ns),
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=1,
+            grid=(b, kh, ns),
+            in_specs=[pl.BlockSpec((None, None, g, d), lambda b_, h_, si, lens: (b_, h_, 0, 0)),
+                      pl.BlockSpec((None, None, bs, d), kv_idx),
+                      pl.BlockSpec((None, None, bs, e), kv_idx)],
+            out_specs=pl.BlockSpec((None, None, g, e), lambda b_, h_, si, lens: (b_, h_, 0, 0)),
+            scratch_shapes=[pltpu.VMEM((g, 1), jnp.float32), pltpu.VMEM((g, 1), jnp.float32),
+                            pltpu.VMEM((g, e), jnp.float32)]),
+        out_shape=jax.ShapeDtypeStruct((b, kh, g, e), q_BHD.dtype),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "arbitrary"),
+            vmem_limit_bytes=VMEM_LIMIT_BYTES),
+        interpret=interpret,
+    )(lengths_B, q_BKGD, k, v)
+    return out.reshape(b, h, e)

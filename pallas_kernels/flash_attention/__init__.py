@@ -1,0 +1,1 @@
+"""Flash attention (causal, segment ids, GQA, MLA head dims)."""

@@ -1,0 +1,1 @@
+"""Grouped matmul for MoE experts (megablox-style gmm/tgmm)."""

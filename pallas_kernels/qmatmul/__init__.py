@@ -1,0 +1,1 @@
+"""Quantized matmul with fused dequantization."""

@@ -1,0 +1,141 @@
+"""Ahead-of-time compile of every Mosaic kernel for real TPU topologies (v5p, v6e) through libtpu on
+this CPU machine, at production shapes and default block sizes; checks HBM use from
+memory_analysis() and the kernels' scoped VMEM against the chip's capacity."""
+# Dim letters: M rows, K contraction, N output, G local experts, B batch, H q heads, Hk kv heads,
+# L length, D q/k head dim, Dv v head dim, S cache length.
+import re
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.sharding import SingleDeviceSharding
+
+from pallas_kernels.decode_attention.tpu import decode_attention_tpu
+from pallas_kernels.flash_attention import tpu as fa
+from pallas_kernels.gmm import tpu as gmm_tpu
+from pallas_kernels.qmatmul.reference import QuantizedWeight
+from pallas_kernels.qmatmul.tpu import qmatmul_tpu
+
+topologies = pytest.importorskip("jax.experimental.topologies")
+BF = jnp.bfloat16
+MiB = 2**20
+VMEM_CAPACITY = {"v5p": 64 * MiB, "v6e": 128 * MiB}  # per TensorCore (jax._src.tpu_info)
+HBM_CAPACITY = {"v5p": 95 * 2**30, "v6e": 32 * 2**30}
+TOPOLOGY = {"v5p": "v5p:2x2x1", "v6e": "v6e:2x2"}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _no_persistent_cache():
+    """TPU executables compiled against a topology cannot be reloaded from the persistent cache."""
+    old = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
+    yield
+    jax.config.update("jax_enable_compilation_cache", old)
+
+
+def _device(chip):
+    try:
+        return topologies.get_topology_desc(platform="tpu", topology_name=TOPOLOGY[chip]).devices[0]
+    except (RuntimeError, ValueError, ImportError) as e:  # libtpu missing or too old
+        pytest.skip(f"no TPU topology for {chip}: {e}")
+
+
+def _compile(chip, fn, *shapes):
+    s = SingleDeviceSharding(_device(chip))
+    args = [None if sh is None else jax.ShapeDtypeStruct(sh[0], sh[1], sharding=s) for sh in shapes]
+    compiled = jax.jit(fn).lower(*args).compile()
+    ma = compiled.memory_analysis()
+    vmem = [int(x) for x in re.findall(r'"scoped_memory_configs":\[\{"memory_space":"1","offset":"0","size":"(\d+)"',
+                                        compiled.as_text())]
+    assert vmem, "no Mosaic custom call found"
+    assert max(vmem) <= VMEM_CAPACITY[chip]
+    bits = lambda dt: 4 if jnp.dtype(dt) == jnp.float4_e2m1fn else 8 * jnp.dtype(dt).itemsize
+    nbytes = sum(int(jnp.prod(jnp.array(sh[0]))) * bits(sh[1]) // 8 for sh in shapes if sh is not None)
+    assert ma.argument_size_in_bytes >= nbytes
+    total = ma.argument_size_in_bytes + ma.output_size_in_bytes + ma.temp_size_in_bytes
+    assert total < HBM_CAPACITY[chip]
+    return ma, max(vmem)
+
+
+# Kimi-K2.5-like expert shapes: hidden 7168, expert width 2048, 384/8 = 48 local experts.
+M, K, N, G = 8192, 7168, 2048, 48
+
+
+@pytest.mark.parametrize("chip", ["v5p", "v6e"])
+def test_gmm_and_tgmm_compile(chip):
+    ma, vmem = _compile(chip, lambda a, b, g: gmm_tpu.gmm_tpu(a, b, g), ((M, K), BF), ((G, K, N), BF), ((G,), jnp.int32))
+    assert ma.output_size_in_bytes == M * N * 4
+    assert ma.temp_size_in_bytes < 16 * MiB   # nothing dense materialized (ragged_dot would be G x)
+    assert gmm_tpu.gmm_vmem_bytes(gmm_tpu.DEFAULT_TILING, BF, BF, jnp.float32) <= vmem
+    ma, _ = _compile(chip, lambda a, b, g: gmm_tpu.gmm_tpu(a, b, g, transpose_rhs=True),
+                     ((M, N), BF), ((G, K, N), BF), ((G,), jnp.int32))
+    assert ma.temp_size_in_bytes < 16 * MiB
+    ma, _ = _compile(chip, lambda a, d, g: gmm_tpu.tgmm_tpu(a, d, g), ((M, K), BF), ((M, N), BF), ((G,), jnp.int32))
+    assert ma.output_size_in_bytes == G * K * N * 4
+    assert ma.temp_size_in_bytes < 16 * MiB  # empty groups: zeros aliased into the output, no copy
+
+
+@pytest.mark.parametrize("chip,quant", [("v5p", "mxfp8"), ("v5p", "nvfp4"), ("v6e", "int8"), ("v6e", "nvfp4")])
+def test_quantized_gmm_compiles(chip, quant):
+    blk = {"mxfp8": 32, "nvfp4": 16, "int8": 1}[quant]
+    vdt = jnp.float8_e4m3fn if quant == "mxfp8" else jnp.int8  # E2M1 travels as int8 codes
+    sdt = jnp.float8_e8m0fnu if quant == "mxfp8" else jnp.float8_e4m3fn
+    if blk > 1:
+        fn = lambda lv, ls, rv, rs, g: gmm_tpu.gmm_quantized_tpu(lv, ls, rv, rs, g, blk=blk)
+        shapes = (((M, K), vdt), ((K // blk, M), sdt), ((G, K, N), vdt), ((G, K // blk, N), sdt), ((G,), jnp.int32))
+    else:
+        fn = lambda lv, rv, g: gmm_tpu.gmm_quantized_tpu(lv, None, rv, None, g, blk=1)
+        shapes = (((M, K), vdt), ((G, K, N), vdt), ((G,), jnp.int32))
+    ma, _ = _compile(chip, fn, *shapes)
+    assert ma.argument_size_in_bytes < 0.6 * (M * K + G * K * N) * 2  # about half the bf16 operands
+    assert ma.temp_size_in_bytes < 64 * MiB  # no dequantized copy of the weights
+
+
+def test_mxfp8_tgmm_compiles():
+    e4, e8 = jnp.float8_e4m3fn, jnp.float8_e8m0fnu
+    ma, _ = _compile("v5p", lambda a, b, c, d, g: gmm_tpu.tgmm_mxfp8_tpu(a, b, c, d, g),
+                     ((M, K), e4), ((M // 32, K), e8), ((M, N), e4), ((M // 32, N), e8), ((G,), jnp.int32))
+    assert ma.output_size_in_bytes == G * K * N * 4
+    assert ma.temp_size_in_bytes < 64 * MiB
+
+
+@pytest.mark.parametrize("chip,kind", [("v5p", "gqa"), ("v5p", "mla"), ("v6e", "mla")])  # kept short
+def test_flash_attention_compiles(chip, kind):
+    B, H, L = 1, 16, 8192
+    D, Dv, Hk = (128, 128, 4) if kind == "gqa" else (192, 128, 16)
+    q, k, v = ((B, H, L, D), BF), ((B, Hk, L, D), BF), ((B, Hk, L, Dv), BF)
+    seg = ((B, L), jnp.int32)
+    ma, _ = _compile(chip, lambda q, k, v, s: fa.flash_fwd_tpu(q, k, v, s, causal=True, sm_scale=0.1), q, k, v, seg)
+    # No L x L scores; lse/delta/segment ids are stored as rows. D=192 (MLA) is not a multiple of 128
+    # lanes: XLA relayouts q and k to 256-wide tiles before the kernel (q, k, dq, dk: up to four padded copies).
+    limit = 16 * MiB + (0 if D % 128 == 0 else 4 * B * H * L * 256 * 2)
+    assert ma.temp_size_in_bytes < limit
+    ma, _ = _compile(chip, lambda q, k, v, s, o, lse, do: fa.flash_bwd_tpu(q, k, v, s, o, lse, do, causal=True, sm_scale=0.1),
+                     q, k, v, seg, ((B, H, L, Dv), BF), ((B, H, 1, L), jnp.float32), ((B, H, L, Dv), BF))
+    assert ma.temp_size_in_bytes < limit
+    assert ma.output_size_in_bytes >= 2 * (B * H * L * D + B * Hk * L * (D + Dv))
+
+
+@pytest.mark.parametrize("chip", ["v5p", "v6e"])
+def test_decode_attention_compiles(chip):
+    B, H, Hk, S, D = 32, 64, 8, 8192, 128
+    ma, _ = _compile(chip, lambda q, k, v, l: decode_attention_tpu(q, k, v, l, sm_scale=0.1),
+                     ((B, H, D), BF), ((B, Hk, S, D), BF), ((B, Hk, S, D), BF), ((B,), jnp.int32))
+    assert ma.temp_size_in_bytes < 16 * MiB   # the cache is read in place, never copied
+
+
+@pytest.mark.parametrize("chip,quant,mode", [
+    ("v5p", "mxfp8", "weight_only"), ("v5p", "nvfp4", "weight_only"), ("v6e", "int8", "weight_only"),
+    ("v6e", "int8", "weight_act"),
+])
+def test_qmatmul_compiles(chip, quant, mode):
+    m = 4096 if mode == "weight_only" else 512
+    vdt = {"int8": jnp.int8, "mxfp8": jnp.float8_e4m3fn, "nvfp4": jnp.float4_e2m1fn}[quant]
+    bs = {"int8": None, "mxfp8": ((K // 32, N), jnp.float8_e8m0fnu), "nvfp4": ((K // 16, N), jnp.float8_e4m3fn)}[quant]
+    cs = None if quant == "mxfp8" else ((N,), jnp.float32)
+    ma, _ = _compile(chip, lambda x, v, b, c: qmatmul_tpu(x, QuantizedWeight(v, b, c, quant), mode),
+                     ((m, K), BF), ((K, N), vdt), bs, cs)
+    assert ma.output_size_in_bytes == m * N * 4
+    if mode == "weight_only":
+        # the weight stays 1 byte/value in HBM (E2M1 is widened to int8 codes once): no bf16 copy
+        assert ma.temp_size_in_bytes < K * N * 2

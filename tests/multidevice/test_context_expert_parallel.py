@@ -1,0 +1,168 @@
+"""Context parallelism (zigzag, MLA latent all-gather, GQA ring / all-gather), expert parallelism
+(all-to-all over EP groups built from data x context x expert) and FSDP (embed over fsdp x
+context) on 8 fake CPU devices: logits, loss and gradients equal the single-device results."""
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import c2jax
+from c2jax.config import ConfigError, default_config
+from c2jax.parallel import activate, make_mesh, param_shardings
+from c2jax.parallel.context import zigzag_order, zigzag_permute, zigzag_unpermute
+from c2jax.train.step import token_nll, total_loss
+
+B, L = 4, 32
+
+
+def _rule(cfg, name, value):
+    cfg.mesh.rules = tuple((n, value) if n == name else (n, t) for n, t in cfg.mesh.rules)
+
+
+def _cfg(attention, shape, cp_impl="allgather", experts=("expert",)):
+    cfg = default_config()
+    cfg.model.attention = attention
+    cfg.model.moe_dispatch = "grouped"
+    cfg.model.load_balance_loss_weight = 0.01
+    cfg.mesh.shape = shape
+    cfg.mesh.cp_impl = cp_impl
+    _rule(cfg, "embed", ("fsdp", "context"))      # FSDP, with the context axis folded in
+    _rule(cfg, "experts", experts)
+    cfg.train.seq_len = L
+    return cfg
+
+
+def _batch(cfg):
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, cfg.model.vocab_size, (B, L + 1))
+    # packed segments of different lengths per row (positions restart in each segment)
+    seg = np.ones((B, L), np.int32)
+    pos = np.zeros((B, L), np.int32)
+    for b, cut in enumerate([5, 12, 20, 31]):
+        seg[b, cut:] = 2
+        pos[b] = np.where(seg[b] == 1, np.arange(L), np.arange(L) - cut)
+    weights = np.ones((B, L), np.float32)
+    weights[:, -3:] = 0.0
+    return {"inputs": jnp.asarray(tokens[:, :-1], jnp.int32), "targets": jnp.asarray(tokens[:, 1:], jnp.int32),
+            "positions": jnp.asarray(pos), "segment_ids": jnp.asarray(seg), "loss_weights": jnp.asarray(weights)}
+
+
+def _loss_logits_grads(cfg, params, batch):
+    """The trainer's loss (c2jax.train.step) and its gradients, plus the logits, in one pass."""
+    def f(p):
+        out = c2jax.models.forward(cfg, p, batch["inputs"], batch["positions"], batch["segment_ids"],
+                                   return_aux=True)
+        w = batch["loss_weights"]
+        nll, _ = token_nll(out.logits, batch["targets"])
+        terms = {"nll_sum": jnp.sum(nll * w), "lb_loss": jnp.mean(out.aux["load_balance_loss"]),
+                 "z_router": jnp.mean(out.aux["router_z_loss"])}
+        return total_loss(cfg, terms, jnp.sum(w), 1), out.logits
+    (loss, logits), grads = jax.value_and_grad(f, has_aux=True)(params)
+    return logits, loss, grads
+
+
+@functools.cache
+def _reference(attention):
+    cfg = _cfg(attention, (1, 1, 1, 1))
+    params = c2jax.models.init_params(cfg, jax.random.key(0))
+    one = make_mesh(cfg, jax.devices()[:1])
+    with activate(cfg, one):
+        out = jax.jit(functools.partial(_loss_logits_grads, cfg))(params, _batch(cfg))
+    return params, jax.device_get(out)
+
+
+def _rel_err(a, b):
+    return float(np.max(np.abs(np.asarray(a) - np.asarray(b))) / max(np.max(np.abs(np.asarray(b))), 1e-30))
+
+
+CASES = [
+    # attention, mesh (data, fsdp, context, expert), GQA CP impl, EP axes
+    ("gqa", (2, 1, 2, 2), "ring", ("expert",)),
+    ("gqa", (1, 4, 2, 1), "allgather", ("context",)),                    # FSDP 4 x CP 2, EP over the CP ranks
+    ("mla", (2, 2, 2, 1), "allgather", ("data", "context")),            # EP 4 from data x context (the report's)
+    ("mla", (2, 1, 2, 2), "allgather", ("data", "context", "expert")),  # EP 8 over every device
+]
+
+
+@pytest.mark.parametrize("attention,shape,cp_impl,experts", CASES)
+def test_parallel_matches_single_device(attention, shape, cp_impl, experts):
+    assert jax.device_count() == 8
+    params, (ref_logits, ref_loss, ref_grads) = _reference(attention)
+    cfg = _cfg(attention, shape, cp_impl, experts)
+    mesh = make_mesh(cfg)
+    cp = mesh.shape["context"]
+    batch = zigzag_permute(_batch(cfg), cp)
+    with activate(cfg, mesh):
+        shardings = param_shardings(cfg, mesh)
+        sharded = jax.device_put(params, shardings)
+        logits, loss, grads = jax.jit(functools.partial(_loss_logits_grads, cfg))(sharded, batch)
+    assert _rel_err(zigzag_unpermute(logits, cp), ref_logits) <= 1e-5
+    assert _rel_err(loss, ref_loss) <= 1e-5
+    errs = jax.tree.map(_rel_err, grads, ref_grads)
+    worst = max(jax.tree.leaves(errs))
+    assert worst <= 1e-5, errs
+    # FSDP: a dense weight is sharded over fsdp x context, experts over the EP axes
+    moe = shardings["moe_layers"]["block"]["moe"]
+    ep_axes = tuple(a for a in experts if mesh.shape[a] > 1)
+    assert moe["w_gate"].spec[1] == (ep_axes if len(ep_axes) > 1 else ep_axes[0])       # [layers, E, D, F]
+    fsdp_axes = tuple(a for a in ("fsdp", "context") if mesh.shape[a] > 1)
+    assert moe["router"].spec[1] == (fsdp_axes if len(fsdp_axes) > 1 else fsdp_axes[0])  # [layers, D, E]
+
+
+def test_zigzag_layout():
+    order = zigzag_order(16, 2)        # 4 chunks of 4: rank0 = chunks 0,3; rank1 = chunks 1,2
+    np.testing.assert_array_equal(order, [0, 1, 2, 3, 12, 13, 14, 15, 4, 5, 6, 7, 8, 9, 10, 11])
+    x = jnp.arange(32).reshape(2, 16)
+    np.testing.assert_array_equal(zigzag_unpermute(zigzag_permute(x, 4), 4), x)
+    with pytest.raises(ConfigError, match="2\\*CP"):
+        zigzag_order(20, 4)
+
+
+def _attention_temp_bytes(attention, cp, cp_impl):
+    """Per-device temp memory of one attention layer's forward+backward on a context-only mesh."""
+    from c2jax.models.attention import GQAAttention, MLAAttention
+    cfg = _cfg(attention, (1, 1, cp, 1), cp_impl)
+    cfg.model.num_heads, cfg.model.num_kv_heads = 4, 4
+    Lm = 256
+    module = (MLAAttention if attention == "mla" else GQAAttention)(cfg.model)
+    x = jnp.zeros((1, Lm, cfg.model.hidden_size))
+    pos = jnp.arange(Lm)[None]
+    seg = jnp.ones((1, Lm), jnp.int32)
+    params = jax.eval_shape(lambda: module.init(jax.random.key(0), x, pos, seg))
+
+    def f(p, x):
+        return jnp.sum(module.apply(p, x, pos, seg)[0] ** 2)
+    mesh = make_mesh(cfg, jax.devices()[:cp])
+    with activate(cfg, mesh):
+        xs = jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=jax.sharding.NamedSharding(
+            mesh, jax.sharding.PartitionSpec(None, "context" if cp > 1 else None)))
+        compiled = jax.jit(jax.grad(f, argnums=(0, 1))).lower(params, xs).compile()
+    return compiled.memory_analysis().temp_size_in_bytes
+
+
+@pytest.mark.parametrize("attention,cp_impl", [("mla", "allgather"), ("gqa", "ring")])
+def test_attention_activation_memory_falls_with_cp(attention, cp_impl):
+    m1, m2, m4 = (_attention_temp_bytes(attention, cp, cp_impl) for cp in (1, 2, 4))
+    # roughly 1/CP: allow 30% slack for the gathered latents / K, V blocks and small buffers
+    assert m2 <= 0.65 * m1 and m4 <= 0.65 * m2, (m1, m2, m4)
+
+
+def test_bad_mesh_requests_fail_before_compiling():
+    cfg = _cfg("gqa", (2, 1, 2, 3))
+    with pytest.raises(ConfigError, match="device count 8"):
+        make_mesh(cfg)
+    cfg = _cfg("gqa", (1, 1, 1, 8))
+    cfg.model.num_experts = 12
+    cfg.model.num_experts_per_tok = 2
+    with pytest.raises(ConfigError, match="num_experts=12"):
+        make_mesh(cfg)
+    cfg = _cfg("gqa", (2, 1, 4, 1))
+    cfg.train.seq_len = 36
+    with pytest.raises(ConfigError, match="2\\*CP"):
+        make_mesh(cfg)
+    cfg = _cfg("gqa", (2, 1, 2, 2), experts=("data", "context", "expert"))
+    cfg.model.num_experts = 12
+    with pytest.raises(ConfigError, match="expert"):
+        make_mesh(cfg)
