@@ -31,7 +31,8 @@ def _parse(argv):
     parser.add_argument("command", choices=sorted(COMMANDS), help="; ".join(f"{k}: {v}" for k, v in COMMANDS.items()))
     parser.add_argument("--config", default=None, help="config file, optionally with :arg")
     parser.add_argument("--workdir", default=None, help="run directory")
-    parser.add_argument("--topology", default="v5p:2x2x1", help="compile-check: TPU topology, e.g. v5p:4x4x4")
+    parser.add_argument("--topology", default=None,
+                        help="compile-check: TPU topology, e.g. v5p:4x4x4 (default: the config's pod.topology)")
     parser.add_argument("--quick", action="store_true", help="demo: a shorter run (CI smoke)")
     parser.add_argument("--launch-commands", action="store_true", help="sweep: print one command per point")
     args, rest = parser.parse_known_args(argv)
@@ -93,7 +94,9 @@ def main(argv=None) -> int:
             spec = args.config or ("configs/stages/sft.py" if args.command == "sft" else
                                    "configs/rl_tiny.py" if args.command == "rl" else "configs/stages/cpt.py")
         import jax
-        cfg = load_config(spec, overrides, validate_devices=jax.device_count())
+        # compile-check validates the mesh against the TPU topology, not this machine's devices.
+        devices = None if args.command == "compile-check" else jax.device_count()
+        cfg = load_config(spec, overrides, validate_devices=devices)
         workdir = args.workdir or os.path.join("runs", args.command)
         if args.command in ("pretrain", "sft"):
             if args.command == "sft":
@@ -111,9 +114,9 @@ def main(argv=None) -> int:
             print(json.dumps(run_rl(cfg, workdir), indent=2, default=str))
             return 0
         if args.command == "compile-check":
-            from c2jax.parallel.compile_check import main as compile_check
-            report = compile_check(cfg, args.topology)
-            return 0 if report.get("fits", True) else 3
+            from c2jax.parallel.compile_check import check
+            check(cfg, args.topology)  # prints the report; raises ConfigError naming the fix
+            return 0
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2

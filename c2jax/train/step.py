@@ -175,12 +175,30 @@ def init_state(cfg, optimizer, params, seed: int):
             "rng": jax.random.key_data(jax.random.key(seed))}
 
 
+def _key_names(path) -> tuple:
+    return tuple(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
+
+
 def state_shardings(cfg, optimizer, mesh, param_shardings_tree, abstract_state):
-    """Shardings of the whole train state: optimizer moments follow their params."""
+    """Shardings of the whole train state: each optimizer leaf whose key path ends with a param's
+    path (and has its shape) follows that param (FSDP); everything else is replicated."""
     replicated = NamedSharding(mesh, PartitionSpec())
-    opt = optax.tree_utils.tree_map_params(
-        optimizer, lambda _, s: s, abstract_state["opt_state"], param_shardings_tree,
-        transform_non_params=lambda _: replicated, is_leaf=lambda x: isinstance(x, NamedSharding))
+    by_path = {}
+    shapes = {}
+    for path, sh in jax.tree_util.tree_flatten_with_path(
+            param_shardings_tree, is_leaf=lambda x: isinstance(x, NamedSharding))[0]:
+        by_path[_key_names(path)] = sh
+    for path, leaf in jax.tree_util.tree_flatten_with_path(abstract_state["params"])[0]:
+        shapes[_key_names(path)] = leaf.shape
+
+    def one(path, leaf):
+        names = _key_names(path)
+        for start in range(len(names)):
+            suffix = names[start:]
+            if suffix in by_path and shapes.get(suffix) == getattr(leaf, "shape", None):
+                return by_path[suffix]
+        return replicated
+    opt = jax.tree_util.tree_map_with_path(one, abstract_state["opt_state"])
     return {"params": param_shardings_tree, "opt_state": opt, "step": replicated, "rng": replicated}
 
 
