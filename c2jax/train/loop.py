@@ -18,6 +18,7 @@ from c2jax.data.pipeline import load_corpus_and_tokenizer, make_sft_iterator, ma
 from c2jax.data.tokenizer import Tokenizer
 from c2jax.models import flops_per_token, init_params, param_count
 from c2jax.parallel import activate, data_sharding, make_mesh, param_shardings
+from c2jax.parallel.distributed import global_batch
 from c2jax.train.checkpoint import Checkpointer, StopFlag, abstract_like
 from c2jax.train.metrics import MetricsWriter, Progress, measured_matmul_peak
 from c2jax.train.optimizer import make_optimizer
@@ -128,6 +129,10 @@ def run_training(cfg, workdir: str) -> dict:
         raise ConfigError(f"the tokenizer has {tokenizer.vocab_size} tokens but model.vocab_size="
                           f"{cfg.model.vocab_size}; raise model.vocab_size or lower data.vocab_size")
     mesh = make_mesh(cfg)
+    if mesh.shape.get("context", 1) > 1 and cfg.model.num_mtp_layers:
+        from c2jax.config import ConfigError
+        raise ConfigError("MTP heads with context parallelism (mesh context > 1) are not supported in training "
+                          "yet: the MTP shift assumes in-order tokens; set model.num_mtp_layers=0")
     optimizer = make_optimizer(t)
     with activate(cfg, mesh):
         p_sh = param_shardings(cfg, mesh)
@@ -169,7 +174,8 @@ def run_training(cfg, workdir: str) -> dict:
             step = start
             while step < t.steps:
                 batch = next(it)
-                batch = {k: jax.device_put(np.asarray(batch[k]), dsh) for k in BATCH_KEYS}
+                # This process's rows -> global arrays; zigzag-reordered when CP > 1.
+                batch = global_batch(cfg, mesh, {k: np.asarray(batch[k]) for k in BATCH_KEYS}, t.batch_size)
                 state, metrics = step_fn(state, batch)
                 step += 1
                 metrics = jax.device_get(metrics)
