@@ -86,7 +86,7 @@ def main(argv=None) -> int:
                 print("\n".join(launch_commands(sweep, workdir)))
                 return 0
             results = run_sweep(sweep, workdir)
-            print(collect(workdir, list(sweep.get("metrics", []))))
+            print(collect(workdir, list(sweep.get("metrics", []))).to_markdown())
             return 0 if all(r.status != "failed" for r in results) else 1
         if args.command == "eval" and not args.config:
             spec = None

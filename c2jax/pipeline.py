@@ -47,7 +47,7 @@ def episode_config(max_turns: int = 6, max_new_tokens: int = 256, max_total_toke
 
 
 def write_oracle_transcripts(tokenizer, out_path: str, suites=("synthetic:1",), n_per_suite: int = 256,
-                             seed: int = 0, max_tokens: int = 512) -> dict:
+                             seed: int = 0, max_tokens: int = 768) -> dict:
     """Run the read-then-fix oracle over train-split tasks in the sandbox; write the passing
     episodes' exact tokens and model-token masks as JSONL for SFT."""
     from c2jax.tasks import load_suite
@@ -122,7 +122,7 @@ def run_demo(workdir: str, overrides=(), quick: bool = False) -> int:
     print(f"transcripts: {tstats}", flush=True)
     sft_cfg = load_config("configs/stages/sft.py:tiny", [
         f"--config.train.init_from={cpt_dir}", f"--config.data.sft_path={sft_path}",
-        "--config.train.seq_len=512", "--config.train.batch_size=8",
+        "--config.train.seq_len=768", "--config.train.batch_size=8",
         f"--config.train.steps={30 if quick else 120}", "--config.train.lr=2e-3",
         "--config.train.eval_every=0", *overrides])
     sft = run_training(sft_cfg, sft_dir)

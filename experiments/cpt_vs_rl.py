@@ -1,7 +1,7 @@
 """CPT budget vs RL reward (report section 2, Fig. 2): three log-spaced CPT budgets of the tiny
 model, each followed by the same SFT and the same RL run; post-SFT codebase loss vs RL reward.
 
-    JAX_PLATFORMS=cpu .venv/bin/python experiments/cpt_vs_rl.py [--parallel 3] [--workdir runs/sweeps/cpt_vs_rl]
+    JAX_PLATFORMS=cpu .venv/bin/python experiments/cpt_vs_rl.py [--parallel N] [--workdir runs/sweeps/cpt_vs_rl]
         [--out experiments/results/cpt_vs_rl]
 
 runs the sweep configs/sweeps/cpt_vs_rl.py (points = CPT steps), then writes OUT/{cpt_vs_rl.png,
@@ -171,7 +171,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workdir", default=os.path.join("runs", "sweeps", "cpt_vs_rl"))
     ap.add_argument("--out", default=os.path.join(ROOT, "experiments", "results", "cpt_vs_rl"))
-    ap.add_argument("--parallel", type=int, default=1, help="points run concurrently (launch lines)")
+    ap.add_argument("--parallel", type=int, default=3, help="points run at once (launch lines)")
     args = ap.parse_args(argv)
     print("shared tokenizer + transcripts:", prepare_shared(os.path.join(args.workdir, "shared")), flush=True)
     from rl_toy import run_sweep_parallel

@@ -24,13 +24,15 @@ Three parts (all on the tiny Qwen3-MoE-shaped model, configs/tiny.py):
               plus the plausibility threshold (model.replay_threshold). Sampler variants: BF16
               weights and compute (inference engine) vs an FP32 learner; and a one-step-stale
               FP32 sampler (weights perturbed by one Adam-sized step, lr 1e-4 on every weight).
-              Uses the params of part 1's BF16 run when it exists (a trained router), else a
-              random init.
+              Part "mismatch" uses the params of part 1's BF16 run when it exists (a trained
+              router), else a random init; part "mismatch_random" always uses a random init
+              (near-uniform router scores: many near-ties, so routing flips are common).
 
 Run (from the repository root):
-    JAX_PLATFORMS=cpu .venv/bin/python experiments/numerics.py [--parts training,invariance,mismatch]
+    JAX_PLATFORMS=cpu .venv/bin/python experiments/numerics.py [--parts training,invariance,mismatch,mismatch_random]
         [--train-steps 60] [--seed 0] [--out experiments/results/numerics] [--workdir runs/numerics]
-Writes OUT/{numerics.png, table.md, results.json}.
+Writes OUT/{numerics.png, table.md, results.json}; parts not run keep their results from an
+earlier OUT/results.json. The training runs are reused from WORKDIR when they have finished.
 """
 from __future__ import annotations
 
@@ -312,7 +314,7 @@ def write_report(res, out):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    panels = [k for k in ("training", "invariance", "mismatch") if k in res]
+    panels = [k for k in ("training", "invariance", "mismatch", "mismatch_random") if k in res]
     fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.2), squeeze=False)
     lines = ["# Numerics: MXFP8 vs BF16, per-token vs per-tensor NVFP4, router replay", ""]
     for ax, key in zip(axes[0], panels):
@@ -361,7 +363,7 @@ def write_report(res, out):
                                                "batch_positions_changed", "prefix_max_abs_dlogp",
                                                "prefix_positions_changed"]), ""]
         else:
-            mm = res["mismatch"]
+            mm = res[key]
             samplers = list(dict.fromkeys(r["sampler"] for r in mm["rows"]))
             learners = list(dict.fromkeys(r["learner"] for r in mm["rows"]))
             w = 0.8 / len(learners)
@@ -373,9 +375,9 @@ def write_report(res, out):
             ax.set_xticks(np.arange(len(samplers)) + 0.4 - w / 2, [s.replace(" vs ", "\nvs ").replace(" (", "\n(")
                                                                    for s in samplers], fontsize=7)
             ax.set(yscale="log", ylabel="|logp learner - logp sampler| (bars mean, ^ p99)",
-                   title="logprob mismatch and router replay")
+                   title=f"logprob mismatch, router replay\n({mm['params']})")
             ax.legend(fontsize=7)
-            lines += ["## Logprob mismatch with and without router replay", "",
+            lines += [f"## Logprob mismatch with and without router replay ({mm['params']})", "",
                       f"Params: {mm['params']}. {mm['n_prompts']} prompts x {mm['n']} samples x up to "
                       f"{mm['new_tokens']} tokens, temperature 1. route_agreement = fraction of (token, layer) "
                       "where the learner's own top-k equals the sampler's recorded experts.", "",
@@ -390,7 +392,7 @@ def write_report(res, out):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--parts", default="training,invariance,mismatch")
+    ap.add_argument("--parts", default="training,invariance,mismatch,mismatch_random")
     ap.add_argument("--train-steps", type=int, default=60)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=os.path.join(ROOT, "experiments", "results", "numerics"))
@@ -438,6 +440,14 @@ def main(argv=None):
         res["mismatch"] = {"rows": mismatch(args.seed, p), "params": pdesc, "n_prompts": 8, "n": 4,
                            "new_tokens": 48}
         print(f"mismatch part: {time.time() - t0:.0f} s", flush=True)
+        save()
+    if "mismatch_random" in parts:  # near-uniform router of a random init: many near-ties, routing flips
+        t0 = time.time()
+        from c2jax.models import init_params
+        p = init_params(tiny_cfg(), jax.random.key(args.seed))
+        res["mismatch_random"] = {"rows": mismatch(args.seed, p), "params": f"random init (seed {args.seed})",
+                                  "n_prompts": 8, "n": 4, "new_tokens": 48}
+        print(f"mismatch_random part: {time.time() - t0:.0f} s", flush=True)
         save()
     # json round trip turns int step keys into strings
     if "training" in res:

@@ -3,7 +3,7 @@ group mean, constant normalizer, overlong rollouts kept) vs each switch flipped 
 division by the group std, GRPO's per-sequence 1/length normalizer, masking truncated rollouts.
 Effect on reward and response length, on the variable-length token toy (experiments/rl_toy.py).
 
-    JAX_PLATFORMS=cpu .venv/bin/python experiments/objective_ablations.py [--parallel 2]
+    JAX_PLATFORMS=cpu .venv/bin/python experiments/objective_ablations.py [--parallel N]
         [--workdir runs/sweeps/objective_ablations] [--out experiments/results/objective_ablations]
 
 runs configs/sweeps/objective_ablations.py (points already DONE are reused) and writes
@@ -19,7 +19,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, HERE)
 
-from rl_toy import load_metrics, md_table, run_sweep_parallel, smooth  # noqa: E402
+from rl_toy import final_eval, md_table, mean_curve, quarter_means, run_sweep_parallel, seed_groups  # noqa: E402
 
 SWEEP = os.path.join("configs", "sweeps", "objective_ablations.py")
 
@@ -39,7 +39,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workdir", default=os.path.join("runs", "sweeps", "objective_ablations"))
     ap.add_argument("--out", default=os.path.join(HERE, "results", "objective_ablations"))
-    ap.add_argument("--parallel", type=int, default=1)
+    ap.add_argument("--parallel", type=int, default=4, help="points run at once (launch lines)")
     args = ap.parse_args(argv)
     sweep, table = run_sweep_parallel(SWEEP, args.workdir, args.parallel)
     import matplotlib
@@ -48,28 +48,23 @@ def main(argv=None):
     import numpy as np
     os.makedirs(args.out, exist_ok=True)
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    groups = seed_groups(sweep, args.workdir, label)
     rows = []
-    from c2jax.sweep import expand
-    for i, p in enumerate(expand(sweep)):
-        train, evals = load_metrics(os.path.join(args.workdir, p.name))
-        if not train:
-            continue
-        name = label(p.overrides) + (f" seed {p.overrides['seed']}" if len(sweep.seeds) > 1 else "")
-        steps = [r["step"] for r in train]
+    for i, (name, runs) in enumerate(groups.items()):
         for ax, key in zip(axes, ("reward", "reward/response_len", "reward/truncated")):
-            ax.plot(steps, smooth([r.get(key, np.nan) for r in train]), color=f"C{i}", label=name)
-        q = max(len(train) // 4, 1)
-        m = lambda key, rs: float(np.nanmean([r.get(key, np.nan) for r in rs]))  # noqa: E731
-        rows.append([name, len(train), m("reward", train[:q]), m("reward", train[-q:]),
-                     m("reward/response_len", train[:q]), m("reward/response_len", train[-q:]),
-                     m("reward/truncated", train[-q:]), evals[0]["eval/pass_at_1"] if evals else None,
-                     evals[-1]["eval/pass_at_1"] if evals else None])
-    for ax, t in zip(axes, ("training reward (5-step mean)", "response length (tokens)", "fraction truncated")):
+            steps, ys = mean_curve(runs, key)
+            ax.plot(steps, ys, color=f"C{i}", label=f"{name} ({len(runs)} seeds)")
+        rows.append([name, len(runs), len(runs[0][0]), quarter_means(runs, "reward", False),
+                     quarter_means(runs, "reward", True), quarter_means(runs, "reward/response_len", False),
+                     quarter_means(runs, "reward/response_len", True), quarter_means(runs, "reward/truncated", True),
+                     float(np.mean([e[0]["eval/pass_at_1"] for _, e in runs if e])), final_eval(runs)])
+    for ax, t in zip(axes, ("training reward (5-step mean, mean over seeds)", "response length (tokens)",
+                            "fraction truncated")):
         ax.set(xlabel="RL step", title=t)
     axes[0].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(os.path.join(args.out, "objective_ablations.png"), dpi=110)
-    cols = ["objective", "steps", "reward first 1/4", "reward last 1/4", "length first 1/4", "length last 1/4",
+    cols = ["objective", "seeds", "steps", "reward first 1/4", "reward last 1/4", "length first 1/4", "length last 1/4",
             "truncated last 1/4", "held-out pass@1 start", "held-out pass@1 end"]
     text = md_table(cols, rows)
     with open(os.path.join(args.out, "table.md"), "w") as f:

@@ -3,7 +3,7 @@ finds both rise throughout RL (RL widens coverage rather than only sharpening pa
 the variable-length token toy (experiments/rl_toy.py) with the report's objective, over seeds
 (the seed-0 run is reused from the objective_ablations sweep when it has finished there).
 
-    JAX_PLATFORMS=cpu .venv/bin/python experiments/rl_coverage.py [--parallel 2]
+    JAX_PLATFORMS=cpu .venv/bin/python experiments/rl_coverage.py [--parallel N]
         [--workdir runs/sweeps/rl_coverage] [--out experiments/results/rl_coverage]
 
 runs configs/sweeps/rl_coverage.py and writes OUT/{rl_coverage.png, table.md}.
@@ -40,7 +40,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workdir", default=os.path.join("runs", "sweeps", "rl_coverage"))
     ap.add_argument("--out", default=os.path.join(HERE, "results", "rl_coverage"))
-    ap.add_argument("--parallel", type=int, default=1)
+    ap.add_argument("--parallel", type=int, default=3, help="points run at once (launch lines)")
     ap.add_argument("--reuse", default=os.path.join("runs", "sweeps", "objective_ablations"),
                     help="a sweep workdir whose finished points with the same name are copied, not rerun")
     args = ap.parse_args(argv)

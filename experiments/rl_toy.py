@@ -232,3 +232,39 @@ def md_table(columns, rows) -> str:
     out = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     out += ["| " + " | ".join(cell(v) for v in r) + " |" for r in rows]
     return "\n".join(out)
+
+
+def seed_groups(sweep, workdir: str, label_fn):
+    """{label: [(train, evals) per finished (DONE) seed]} in sweep order; label_fn(overrides) -> key."""
+    from c2jax.sweep import DONE, expand
+    groups: dict = {}
+    for p in expand(sweep):
+        if not os.path.exists(os.path.join(workdir, p.name, DONE)):
+            continue
+        train, evals = load_metrics(os.path.join(workdir, p.name))
+        if train:
+            groups.setdefault(label_fn(p.overrides), []).append((train, evals))
+    return groups
+
+
+def quarter_means(runs, key: str, last: bool) -> float:
+    """Mean of `key` over the first (or last) quarter of steps, averaged over seeds."""
+    vals = []
+    for train, _ in runs:
+        q = max(len(train) // 4, 1)
+        rows = train[-q:] if last else train[:q]
+        vals.append(np.nanmean([r.get(key, np.nan) for r in rows]))
+    return float(np.mean(vals))
+
+
+def mean_curve(runs, key: str):
+    """(steps, mean over seeds of the 5-step smoothed curve) on the steps all seeds have."""
+    n = min(len(t) for t, _ in runs)
+    steps = [r["step"] for r in runs[0][0][:n]]
+    ys = np.mean([smooth([r.get(key, np.nan) for r in t[:n]]) for t, _ in runs], axis=0)
+    return steps, ys
+
+
+def final_eval(runs, key: str = "eval/pass_at_1"):
+    v = [e[-1][key] for _, e in runs if e]
+    return float(np.mean(v)) if v else None

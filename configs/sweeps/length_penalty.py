@@ -16,7 +16,7 @@ def get_config():
     c.command = "experiments/rl_toy.py"
     base = {**TOY, "rl.effort_weights.final_message_tokens": 0.1, "rl.length_k": 1.0, "rl.length_q": 0.5}
     c.points = [{"rl.length_coef": coef, **base} for coef in (0.0, 0.1, 0.3)]
-    c.seeds = [0]
+    c.seeds = [0, 1, 2]
     c.metrics = ["first/reward", "last/reward", "first/verifier", "last/verifier", "first/response_len",
                  "last/response_len", "last/length_penalty", "eval/pass_at_1"]
     return c

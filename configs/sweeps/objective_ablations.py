@@ -23,7 +23,7 @@ def get_config():
         {"rl.std_normalize": False, "rl.normalizer": "seq_len", "rl.mask_overlong": False, **base},
         {"rl.std_normalize": False, "rl.normalizer": "constant", "rl.mask_overlong": True, **base},
     ]
-    c.seeds = [0]
+    c.seeds = [0, 1, 2]
     c.metrics = ["first/reward", "last/reward", "first/response_len", "last/response_len", "first/truncated",
                  "last/truncated", "eval/pass_at_1", "eval/best_of_k"]
     return c

@@ -16,6 +16,6 @@ def get_config():
     c.base = "configs/rl_tiny.py:toy"
     c.command = "experiments/rl_toy.py"
     c.points = [{"rl.std_normalize": False, "rl.normalizer": "constant", "rl.mask_overlong": False, **TOY}]
-    c.seeds = [0, 1]
+    c.seeds = [0, 1, 2]
     c.metrics = ["eval/first_pass_at_1", "eval/pass_at_1", "eval/best_of_k", "first/reward", "last/reward"]
     return c

@@ -42,6 +42,9 @@ OVERRIDES = {
     "model.dtype": "float32", "model.param_dtype": "float32", "model.remat": "none",
     "train.weight_decay": 0.1, "train.b1": 0.9, "train.b2": 0.95, "train.grad_accum": 1, "train.z_loss": 0.0,
     "train.warmup_steps": 0, "train.lr": 1e-4,
+    # capacity = factor * T * K / E = T: nothing can drop, so the MoE is dropless like the peer's (with
+    # the CPU block path the cost follows the real expert loads, not the capacity)
+    "model.moe_dispatch": "capacity", "model.capacity_factor": 8.0,
 }
 
 
