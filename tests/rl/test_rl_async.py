@@ -12,6 +12,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from c2jax.config import load_config
 from c2jax.models import init_params
@@ -22,6 +23,17 @@ from c2jax.rl.rollout import SamplerService, ToyEnv
 from c2jax.train.metrics import read_metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+JIT_CACHE = os.path.join("/tmp", f"c2jax_rl_test_jit_cache_{os.getuid()}")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def persistent_jit_cache():
+    """Share compiles with the SIGKILL test's child process (a fresh process otherwise
+    recompiles the sampler and learner)."""
+    old = jax.config.jax_compilation_cache_dir
+    jax.config.update("jax_compilation_cache_dir", JIT_CACHE)
+    yield
+    jax.config.update("jax_compilation_cache_dir", old)
 
 
 def toy_cfg(**over):
@@ -103,7 +115,7 @@ run_rl(cfg, sys.argv[2])
 
 def test_sigkill_learner_and_resume(tmp_path):
     run = str(tmp_path / "run")
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=JIT_CACHE)
     p = subprocess.Popen([sys.executable, "-c", CHILD, os.path.join(ROOT, "configs/rl_tiny.py:toy"), run], env=env,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 400
