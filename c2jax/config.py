@@ -132,6 +132,8 @@ def default_config() -> ml_collections.ConfigDict:
     c.data = data_config()
     from c2jax.evals.benchmark import eval_defaults
     c.eval = eval_defaults()
+    from c2jax.rl.config import rl_defaults
+    c.rl = rl_defaults()
     return c
 
 
@@ -379,6 +381,9 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int | None = None) -> 
     validate_model(cfg.model)
     if "mesh" in cfg:
         validate_mesh(cfg.mesh, cfg.model, num_devices)
+    if "rl" in cfg:
+        from c2jax.rl.config import validate_rl
+        validate_rl(cfg.rl, cfg.model)
     if "data" in cfg:
         from c2jax.data.config import validate as validate_data
         try:

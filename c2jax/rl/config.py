@@ -60,6 +60,7 @@ def rl_defaults() -> ml_collections.ConfigDict:
     c.backend = "threads"  # "threads" (one process) | "ray" (actors; needs `pip install ray`)
     c.toy_target = 7  # toy env: the rewarded token id
     c.toy_prompt_len = 8  # toy env: prompt length
+    c.toy_latency_s = 0.0  # toy env: seconds of simulated tool / VM latency per episode (benchmarks)
     return c
 
 

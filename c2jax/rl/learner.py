@@ -189,6 +189,7 @@ class Learner:
     def __init__(self, cfg, params, ref_params=None, seed: int = 0):
         self.cfg = learner_cfg(cfg)
         self.optimizer = make_optimizer(self.cfg.train)
+        params = jax.tree.map(jnp.copy, params)  # the state is donated at every step: keep the caller's arrays
         self.state = init_state(self.cfg, self.optimizer, params, seed)
         self.ref_params = params if ref_params is None else ref_params
         if self.cfg.rl.kl_coef > 0:  # keep an independent copy: the state is donated

@@ -176,9 +176,12 @@ class Orchestrator:
             while not self._stop.is_set():
                 with self.cond:
                     while not self._stop.is_set():
-                        if self.requeue:
+                        limit = self._admit_limit()
+                        if self.requeue:  # admitted before a restart, unfinished: same bound as new ones
+                            if self.requeue[0] >= limit:
+                                break
                             idx = self.requeue.pop(0)
-                        elif self.next_index < self._admit_limit():
+                        elif self.next_index < limit:
                             idx = self.next_index
                             self.next_index += 1
                             if idx in self.consumed or idx in self.ready:
@@ -273,17 +276,27 @@ class Orchestrator:
 
     # -- learner side
     def take(self, n: int, learner_version: int, timeout: float | None = None) -> list[FinishedGroup]:
-        """The n oldest finished groups (blocks). Raises if a background thread failed."""
+        """n finished groups, oldest start version first (blocks). Groups that would exceed the
+        staleness bound after this step (start_version <= learner_version - S) are mandatory:
+        while one of them is still running the learner waits for it, so the bound holds even when
+        groups finish out of order (with S = 0 this is exactly the synchronous batch).
+        Raises if a background thread failed."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        due = learner_version - self.rl.staleness
         with self.cond:
-            while len(self.ready) < n:
+            while True:
                 if self.error is not None:
                     raise RuntimeError(f"orchestrator failed: {self.error!r}") from self.error
+                waiting_on_due = any(j.start_version <= due for j in self.inflight.values())
+                if len(self.ready) >= n and not waiting_on_due:
+                    break
                 if deadline is not None and time.monotonic() > deadline:
                     raise TimeoutError(f"only {len(self.ready)} of {n} groups finished in {timeout}s")
                 self.cond.wait(0.1)
-            picked = sorted(self.ready)[:n]
-            return [self.ready.pop(i) for i in picked]
+            picked = sorted(self.ready.values(), key=lambda g: (g.start_version, g.index))[:n]
+            for g in picked:
+                del self.ready[g.index]
+            return picked
 
     def mark_consumed(self, indices):
         with self.cond:

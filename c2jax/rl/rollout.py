@@ -219,6 +219,8 @@ class ToyEnv:
         req = Request(task.prompt_ids, max_new_tokens=self.rl.max_new_tokens, n=1, temperature=temperature,
                       seed=seed, request_id=rid, reuse_prefix=False)
         (c,) = service.submit(req).result()
+        if self.rl.toy_latency_s > 0:
+            time.sleep(self.rl.toy_latency_s)  # the environment's share of an agent episode (tools, VM)
         P, gen = len(task.prompt_ids), list(c.tokens)
         hits = np.mean([(t % self.modulus) == (self.rl.toy_target % self.modulus) for t in gen]) if gen else 0.0
         T = P + len(gen)
