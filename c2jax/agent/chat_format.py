@@ -274,6 +274,15 @@ class TokenCodec:
         ids = self.encode(token)
         return ids[0] if len(ids) == 1 else None
 
+    def cut_at_stop(self, ids, limit: int) -> list[int]:
+        """The first `limit` ids as ints, cut after the first stop id (kept)."""
+        ids = [int(i) for i in ids][:limit]
+        stop = self.stop_ids
+        for k, i in enumerate(ids):
+            if i in stop:
+                return ids[:k + 1]
+        return ids
+
     @property
     def stop_ids(self) -> set[int]:
         """Ids that end a model turn (END_TURN, EOS) when they are single tokens."""

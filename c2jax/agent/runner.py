@@ -34,7 +34,7 @@ from c2jax.agent import chat_format as cf
 from c2jax.agent import tools as tl
 from c2jax.agent.policy import Policy, PolicyOutput
 from c2jax.agent.task_protocol import task_attr
-from c2jax.agent.workspace import Workspace
+from c2jax.agent.workspace import Workspace, count_changed_lines
 from c2jax.trajectory import Trajectory
 
 DEFAULT_SYSTEM_PROMPT = (
@@ -109,16 +109,7 @@ class EpisodeState:
         self.chunk_lens: list[int] = []
 
     def append_env(self, text: str) -> int:
-        ids = self.codec.encode(text)
-        self.tokens += ids
-        self.mask += [False] * len(ids)
-        self.logprobs += [0.0] * len(ids)
-        self.versions += [-1] * len(ids)
-        self.experts.append(None)
-        self.chunk_lens.append(len(ids))
-        self.total_tokens += len(ids)
-        self.stats["env_tokens"] += len(ids)
-        return len(ids)
+        return self.append_env_tokens(self.codec.encode(text))
 
     def append_env_tokens(self, ids) -> int:
         """Appends already-encoded environment tokens (e.g. kept history after a truncation)."""
@@ -145,12 +136,7 @@ class EpisodeState:
         t0 = time.monotonic()
         out: PolicyOutput = self.policy.act(list(self.tokens), n, self.codec)
         self.stats["model_s"] += time.monotonic() - t0
-        ids = [int(i) for i in out.token_ids][:n]
-        stop = self.codec.stop_ids
-        for k, i in enumerate(ids):
-            if i in stop:
-                ids = ids[:k + 1]
-                break
+        ids = self.codec.cut_at_stop(out.token_ids, n)
         m = len(ids)
         lp = list(out.logprobs)[:m] if out.logprobs is not None else [0.0] * m
         if len(lp) != m:
@@ -302,7 +288,9 @@ def run_episode(task, policy: Policy, tokenizer=None, sandbox=None, config: Epis
                 stats["final_message_tokens"] = len(codec.encode(parsed.content)) if parsed.content else 0
                 finish = "final" if parsed.ended else "max_new_tokens"
                 break
-            env = ""
+            # each tool result is encoded once; it starts and ends in special tokens, so encoding
+            # the results apart gives the same ids as encoding their concatenation
+            env_ids: list[int] = []
             if not parsed.is_final:
                 t0 = time.monotonic()
                 results = tl.execute_calls(parsed.calls, parsed.errors, tools, ctx, _executor())
@@ -315,15 +303,16 @@ def run_episode(task, policy: Policy, tokenizer=None, sandbox=None, config: Epis
                     stats["internal_tool_errors"] += int(r.internal_error)
                     stats["tool_errors"] += int(not r.ok and not r.malformed)
                     out = tl.truncate_middle(r.output, config.max_tool_output_chars)
-                    seg = cf.render_tool_result(r.index, r.name, r.ok, out)
-                    stats["tool_output_tokens"] += len(codec.encode(seg))
-                    env += seg
+                    seg_ids = codec.encode(cf.render_tool_result(r.index, r.name, r.ok, out))
+                    stats["tool_output_tokens"] += len(seg_ids)
+                    env_ids += seg_ids
                 for c in parsed.calls:
                     all_calls.append({"name": c.name, "arguments": c.arguments})
+            tail = cf.assistant_prefix()
             if interrupt_now:
                 stats["interrupted"] = True
-                env += cf.render_user(interruption[1])
-            state.append_env(env + cf.assistant_prefix())
+                tail = cf.render_user(interruption[1]) + tail
+            state.append_env_tokens(env_ids + codec.encode(tail))
     except Exception as e:  # noqa: BLE001 - harness bug: record it, still return a trajectory
         finish = "harness_error"
         stats["error"] = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=8)}"
@@ -333,8 +322,7 @@ def run_episode(task, policy: Policy, tokenizer=None, sandbox=None, config: Epis
     diff = ""
     try:
         diff = ws.diff()
-        stats["lines_changed"] = sum(1 for ln in diff.splitlines()
-                                     if ln[:1] in "+-" and not ln.startswith(("+++", "---")))
+        stats["lines_changed"] = count_changed_lines(diff)
         if config.grade:
             t0 = time.monotonic()
             episode = {"final_message": final_message, "tool_calls": all_calls,

@@ -170,10 +170,10 @@ class ContextHook:
 
     # -- the model's own summary, decoded on the live context
     def _self(self, state, stats):
-        query = cf.render_user(self.cfg.query) + cf.assistant_prefix()
-        if state.budget() < len(state.codec.encode(query)) + 8:
+        query = state.codec.encode(cf.render_user(self.cfg.query) + cf.assistant_prefix())
+        if state.budget() < len(query) + 8:
             return
-        state.append_env(query)
+        state.append_env_tokens(query)
         p0 = _policy_prefill(state.policy)
         ids = state.generate(self.cfg.max_summary_tokens)
         p1 = _policy_prefill(state.policy)
@@ -195,11 +195,7 @@ class ContextHook:
         out: PolicyOutput = policy.act(ctx, self.cfg.max_summary_tokens, codec)
         p1 = _policy_prefill(policy)
         stats["summary_prefill_tokens"] += (p1 - p0) if (p0 is not None and p1 is not None) else len(ctx)
-        ids = [int(i) for i in out.token_ids][:self.cfg.max_summary_tokens]
-        for k, i in enumerate(ids):
-            if i in codec.stop_ids:
-                ids = ids[:k + 1]
-                break
+        ids = codec.cut_at_stop(out.token_ids, self.cfg.max_summary_tokens)
         stats["compaction_calls"] += 1
         stats["summary_tokens"] += len(ids)
         state.total_tokens += len(ids)   # the compaction's output counts against the chain's budget

@@ -139,22 +139,28 @@ def _open_dir(ctx: ToolContext, parts: list[str], create: bool = False) -> int:
         raise
 
 
+def _open_file(ctx: ToolContext, parts: list[str], flags: int, label: str, create_dirs: bool = False) -> int:
+    """fd of the file `parts` inside the workspace, opened with `flags`; never follows symlinks."""
+    dfd = _open_dir(ctx, parts[:-1], create=create_dirs)
+    try:
+        return os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644, dir_fd=dfd)
+    except FileNotFoundError:
+        raise ToolError(f"file {label!r} does not exist") from None
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise ToolError(f"{label!r} is a symlink; symlinks are not followed") from None
+        if e.errno == errno.EISDIR:
+            raise ToolError(f"{label!r} is a directory") from None
+        raise
+    finally:
+        os.close(dfd)
+
+
 def _read_text(ctx: ToolContext, path: str) -> tuple[str, list[str]]:
     parts = split_rel(path)
     if not parts:
         raise ToolError("path is a directory; use list_dir")
-    dfd = _open_dir(ctx, parts[:-1])
-    try:
-        try:
-            fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dfd)
-        except FileNotFoundError:
-            raise ToolError(f"file {path!r} does not exist") from None
-        except OSError as e:
-            if e.errno == errno.ELOOP:
-                raise ToolError(f"{path!r} is a symlink; symlinks are not followed") from None
-            raise
-    finally:
-        os.close(dfd)
+    fd = _open_file(ctx, parts, os.O_RDONLY, path)
     try:
         st_ = os.fstat(fd)
         if stat.S_ISDIR(st_.st_mode):
@@ -174,23 +180,12 @@ def _read_text(ctx: ToolContext, path: str) -> tuple[str, list[str]]:
 
 
 def _write_text(ctx: ToolContext, parts: list[str], text: str, create_dirs: bool) -> None:
-    dfd = _open_dir(ctx, parts[:-1], create=create_dirs)
-    try:
-        try:
-            fd = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK,
-                         0o644, dir_fd=dfd)
-        except OSError as e:
-            if e.errno == errno.ELOOP:
-                raise ToolError(f"{'/'.join(parts)!r} is a symlink; symlinks are not followed") from None
-            if e.errno == errno.EISDIR:
-                raise ToolError(f"{'/'.join(parts)!r} is a directory") from None
-            raise
-    finally:
-        os.close(dfd)
+    label = "/".join(parts)
+    fd = _open_file(ctx, parts, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, label, create_dirs)
     try:
         st_ = os.fstat(fd)
         if not stat.S_ISREG(st_.st_mode) or st_.st_nlink > 1:
-            raise ToolError(f"{'/'.join(parts)!r} is not a plain regular file")
+            raise ToolError(f"{label!r} is not a plain regular file")
         if ctx.uid is not None:
             os.fchown(fd, ctx.uid, ctx.uid)
         data = text.encode("utf-8", "replace")

@@ -89,8 +89,7 @@ class Workspace:
         return "".join(chunks)
 
     def lines_changed(self) -> int:
-        return sum(1 for line in self.diff().splitlines()
-                   if line[:1] in "+-" and not line.startswith(("+++", "---")))
+        return count_changed_lines(self.diff())
 
     def cleanup(self):
         if self.quota_mounted:
@@ -104,6 +103,12 @@ class Workspace:
 
     def __exit__(self, *exc):
         self.cleanup()
+
+
+def count_changed_lines(diff: str) -> int:
+    """Lines added plus lines removed in a unified diff (file headers not counted)."""
+    return sum(1 for line in diff.splitlines()
+               if line[:1] in "+-" and not line.startswith(("+++", "---")))
 
 
 def _safe(s: str) -> str:

@@ -10,7 +10,6 @@ characters and the median lines changed (added + removed) by the reference fix.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import math
 import statistics
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from c2jax.agent.runner import EpisodeConfig, EpisodeResult, run_episodes
+from c2jax.tasks.base import diff_line_counts
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -52,13 +52,7 @@ def reference_lines_changed(task: Any) -> int | None:
                     files[a["path"]] = text.replace(a["old"], a["new"], 1)
     except (KeyError, TypeError, AttributeError):
         return None
-    n = 0
-    for p in set(files) | set(task.files):
-        before, after = task.files.get(p, "").splitlines(), files.get(p, "").splitlines()
-        if before != after:
-            n += sum(1 for ln in difflib.unified_diff(before, after, lineterm="", n=0)
-                     if ln[:1] in "+-" and not ln.startswith(("+++", "---")))
-    return n
+    return sum(diff_line_counts(task.files, files))
 
 
 def _passed(r: EpisodeResult) -> bool:

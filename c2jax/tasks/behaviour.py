@@ -22,6 +22,7 @@ import ast
 import dataclasses
 import difflib
 import fnmatch
+import functools
 import json
 import random
 import re
@@ -136,18 +137,25 @@ def check_new_function_style(original_files: dict[str, str], final_files: dict[s
 RUFF_SELECT = "E4,E7,E9,F,B,W291,W293"
 
 
+@functools.lru_cache(maxsize=1)
+def _ruff_command() -> list[str] | None:
+    """How to run ruff here (probed once per process: grading calls ruff twice per episode)."""
+    cmd = [sys.executable, "-m", "ruff"]
+    probe = subprocess.run(cmd + ["--version"], check=False, capture_output=True, text=True)
+    if probe.returncode == 0:
+        return cmd
+    exe = shutil.which("ruff")
+    return [exe] if exe is not None else None
+
+
 def ruff_findings(files: dict[str, str]) -> dict[str, list[str]] | None:
     """{path: [rule codes]} from `ruff check` over the given .py files; None without ruff."""
     py = {p: s for p, s in files.items() if p.endswith(".py")}
     if not py:
         return {}
-    cmd = [sys.executable, "-m", "ruff"]
-    probe = subprocess.run(cmd + ["--version"], check=False, capture_output=True, text=True)
-    if probe.returncode != 0:
-        exe = shutil.which("ruff")
-        if exe is None:
-            return None
-        cmd = [exe]
+    cmd = _ruff_command()
+    if cmd is None:
+        return None
     with tempfile.TemporaryDirectory(prefix="c2jax_ruff_") as d:
         for p, s in py.items():
             f = Path(d) / p

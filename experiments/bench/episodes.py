@@ -80,10 +80,10 @@ def main():
     run(a.concurrency)  # warm-up (imports, page cache)
     serial, conc = [], []
     for _ in range(a.repeats):
-        serial.append(run(1)[0])
+        dt, res = run(1)
+        serial.append(dt)
         conc.append(run(a.concurrency)[0])
     s, c = min(serial), min(conc)
-    _, res = run(1)
     print(json.dumps({"episodes": a.episodes, "concurrency": a.concurrency, "model_latency_ms": a.model_latency_ms,
                       "serial_s": round(s, 3), "concurrent_s": round(c, 3), "ratio": round(s / c, 2),
                       "sandbox_commands_per_episode": 3, "tool_calls_per_episode": res[0].stats["tool_calls"]}))
