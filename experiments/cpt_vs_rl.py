@@ -30,6 +30,8 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
 
+from rl_toy import enable_compile_cache, load_metrics, md_table, parse, run_sweep_parallel  # noqa: E402
+
 SWEEP = os.path.join("configs", "sweeps", "cpt_vs_rl.py")
 SFT_OVERRIDES = ["--config.train.seq_len=1024", "--config.train.batch_size=4", "--config.train.steps=30",
                  "--config.train.lr=2e-3", "--config.train.eval_every=0", "--config.train.warmup_steps=3",
@@ -82,12 +84,7 @@ def run_point(spec: str, workdir: str, overrides: list[str]) -> int:
     sft = _cached(sft_dir, lambda: run_training(sft_cfg, sft_dir))
     rl_cfg = load_config("configs/rl_tiny.py", [f"--config.train.init_from={sft_dir}", *RL_OVERRIDES])
     rl = _cached(rl_dir, lambda: run_rl(rl_cfg, rl_dir))
-    train = []
-    with open(os.path.join(rl_dir, "metrics.jsonl")) as f:
-        for line in f:
-            rec = json.loads(line)
-            if "reward" in rec:
-                train.append(rec)
+    train, _ = load_metrics(rl_dir)
     evals = rl.get("evals", [])
     out = {"cpt_steps": int(cpt_cfg.train.steps),
            "cpt_tokens": int(cpt_cfg.train.steps) * cpt_cfg.train.batch_size * cpt_cfg.train.seq_len,
@@ -141,10 +138,7 @@ def report(table, out):
     fig.savefig(os.path.join(out, "cpt_vs_rl.png"), dpi=110)
     keys = ["cpt_steps", "cpt_tokens", "cpt_codebase_loss", "post_sft_codebase_loss", "rl_reward_mean",
             "rl_verifier_mean", "rl_pass_rate_mean", "pre_rl_pass_at_1", "post_rl_pass_at_1", "post_rl_best_of_k"]
-    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-    for r in rows:
-        lines.append("| " + " | ".join("" if r.get(k) is None else (f"{r[k]:.4g}" if isinstance(r[k], float) else str(r[k]))
-                                       for k in keys) + " |")
+    lines = [md_table(keys, [[r.get(k) for k in keys] for r in rows])]
     if len(rows) >= 3:
         lx = np.array([r["post_sft_codebase_loss"] for r in rows])
         ry = np.array([r["rl_reward_mean"] for r in rows])
@@ -164,7 +158,6 @@ def main(argv=None):
     for noisy in ("absl", "jax._src", "orbax", "grain"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     if any(a.startswith("--config") for a in argv):  # one sweep point
-        from rl_toy import enable_compile_cache, parse
         enable_compile_cache()
         spec, workdir, overrides = parse(argv)
         return run_point(spec, workdir, overrides)
@@ -174,7 +167,6 @@ def main(argv=None):
     ap.add_argument("--parallel", type=int, default=3, help="points run at once (launch lines)")
     args = ap.parse_args(argv)
     print("shared tokenizer + transcripts:", prepare_shared(os.path.join(args.workdir, "shared")), flush=True)
-    from rl_toy import run_sweep_parallel
     _, table = run_sweep_parallel(SWEEP, args.workdir, args.parallel)
     report(table, args.out)
     return 0

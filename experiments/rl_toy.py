@@ -108,15 +108,7 @@ def parse(argv):
 def summarize(workdir: str) -> dict:
     """results.json: reward / length / truncation means over the first and last quarter of
     steps, and the first and final held-out eval."""
-    recs = []
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-        for line in f:
-            try:
-                recs.append(json.loads(line))
-            except json.JSONDecodeError:
-                pass
-    train = [r for r in recs if "reward" in r]
-    evals = [r for r in recs if "eval/pass_at_1" in r]
+    train, evals = load_metrics(workdir)
     n = len(train)
     q = max(n // 4, 1)
 
@@ -163,9 +155,6 @@ def main(argv=None):
     return 0 if summary.get("final_step") == cfg.rl.steps else 1
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
 
 # ----------------------------------------------------------------------------- sweep helpers
 # (used by experiments/{objective_ablations,length_penalty,rl_coverage,cpt_vs_rl}.py)
@@ -176,24 +165,20 @@ def run_sweep_parallel(sweep_path: str, workdir: str, parallel: int = 1):
     import concurrent.futures
     import subprocess
 
-    from c2jax.sweep import POINT_FILE, collect, expand, launch_commands, load_sweep, run_sweep
+    from c2jax.sweep import POINT_FILE, collect, expand, launch_commands, load_sweep, run_sweep, write_point_file
     sweep = load_sweep(sweep_path)
+    points = expand(sweep)
     if parallel <= 1:
         run_sweep(sweep, workdir)
     else:
         os.makedirs(workdir, exist_ok=True)
-        points = expand(sweep)
         for p in points:  # point.json first, as run_sweep does, so collect() finds every point
-            os.makedirs(os.path.join(workdir, p.name), exist_ok=True)
-            pf = os.path.join(workdir, p.name, POINT_FILE)
-            if not os.path.exists(pf):
-                with open(pf, "w") as f:
-                    json.dump({"name": p.name, "overrides": p.overrides, "command": sweep.command,
-                               "base": sweep.base}, f, indent=1)
+            if not os.path.exists(os.path.join(workdir, p.name, POINT_FILE)):
+                write_point_file(os.path.join(workdir, p.name), p, sweep.command, sweep.base)
         lines = launch_commands(sweep, workdir, path=os.path.join(workdir, "launch.sh"), python=sys.executable)
         with concurrent.futures.ThreadPoolExecutor(parallel) as ex:
             list(ex.map(lambda line: subprocess.call(["bash", "-c", line]), lines))
-    return sweep, collect(workdir, list(sweep.get("metrics", [])), expand(sweep))
+    return sweep, collect(workdir, list(sweep.get("metrics", [])), points)
 
 
 def load_metrics(run_dir: str):
@@ -268,3 +253,7 @@ def mean_curve(runs, key: str):
 def final_eval(runs, key: str = "eval/pass_at_1"):
     v = [e[-1][key] for _, e in runs if e]
     return float(np.mean(v)) if v else None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

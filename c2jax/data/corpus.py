@@ -354,10 +354,7 @@ def top_package(name: str) -> str:
     """'stdlib/json/decoder.py' -> 'json'; 'stdlib/abc.py' -> 'abc'; 'pkg/numpy/x.py' -> 'numpy'."""
     parts = name.split("/")
     rel = parts[1:] if len(parts) > 1 else parts
-    if parts[0] == "pkg" and len(parts) > 2:
-        rel = parts[1:]
-    first = rel[0]
-    return first.removesuffix(".py")
+    return rel[0].removesuffix(".py")
 
 
 def heldout_by_name(name: str, fraction: float, salt: str = "c2jax") -> bool:
