@@ -41,7 +41,7 @@ def model_defaults() -> ml_collections.ConfigDict:
     m.bias_update_rate = 1e-3          # step size of the aux-loss-free bias update (0 = off)
     m.load_balance_loss_weight = 0.0   # Switch-style load-balance loss weight
     m.router_z_loss_weight = 0.0       # router z-loss weight
-    m.moe_dispatch = "auto"            # "grouped" (dropless ragged_dot/gmm), "capacity" (einsum), "auto"
+    m.moe_dispatch = "auto"            # "grouped" (dropless gmm), "capacity" (capacity-limited), "auto"
     m.capacity_factor = 2.0            # capacity per expert = factor * tokens * k / experts
     m.replay_threshold = 0.0           # router replay: forced experts scoring < thr * own k-th score are replaced (0 = never)
     m.attention = "gqa"                # "gqa" (Qwen3) or "mla" (DeepSeek-V3/Kimi)
@@ -140,9 +140,12 @@ def default_config() -> ml_collections.ConfigDict:
 # ----------------------------------------------------------------------------- loading
 
 
-def load_config_file(spec: str) -> ml_collections.ConfigDict:
-    """Load `path/to/file.py[:arg]` by calling its `get_config(arg)`."""
-    path, _, arg = spec.partition(":")
+def call_config_file(spec: str):
+    """Import `path/to/file.py[:arg]` and return `get_config(arg)` (or `get_config()` when no arg
+    is given). A path that itself contains ':' is taken whole when that file exists."""
+    path, arg = spec, None
+    if ":" in spec and not os.path.exists(spec):
+        path, _, arg = spec.partition(":")
     if not os.path.exists(path):
         raise ConfigError(f"config file {path!r} does not exist")
     module_spec = importlib.util.spec_from_file_location(f"_c2jax_cfg_{abs(hash(path))}", path)
@@ -150,9 +153,14 @@ def load_config_file(spec: str) -> ml_collections.ConfigDict:
     module_spec.loader.exec_module(module)
     if not hasattr(module, "get_config"):
         raise ConfigError(f"config file {path!r} defines no get_config(arg)")
-    cfg = module.get_config(arg or None)
+    return module.get_config(arg) if arg else module.get_config()
+
+
+def load_config_file(spec: str) -> ml_collections.ConfigDict:
+    """Load `path/to/file.py[:arg]` by calling its `get_config(arg)`."""
+    cfg = call_config_file(spec)
     if not isinstance(cfg, ml_collections.ConfigDict):
-        raise ConfigError(f"{path}: get_config must return an ml_collections.ConfigDict")
+        raise ConfigError(f"{spec}: get_config must return an ml_collections.ConfigDict")
     return cfg
 
 

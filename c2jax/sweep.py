@@ -25,7 +25,6 @@ import csv
 import dataclasses
 import datetime
 import hashlib
-import importlib.util
 import io
 import itertools
 import json
@@ -64,17 +63,8 @@ class PointResult:
 
 def load_sweep(path: str):
     """Import `path[:arg]` and return its get_config(arg) (or get_config())."""
-    arg = None
-    if ":" in path and not os.path.exists(path):
-        path, arg = path.split(":", 1)
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"sweep config {path!r} does not exist")
-    spec = importlib.util.spec_from_file_location(f"_c2jax_sweep_{abs(hash(path))}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    if not hasattr(module, "get_config"):
-        raise ValueError(f"sweep config {path!r} has no get_config()")
-    return module.get_config(arg) if arg is not None else module.get_config()
+    from c2jax.config import call_config_file
+    return call_config_file(path)
 
 
 # ----------------------------------------------------------------------------- expansion
@@ -200,6 +190,14 @@ def _now() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
 
 
+def write_point_file(run_dir: str, point: Point, command: str, base: str) -> None:
+    """run_dir/point.json (creating run_dir): what `collect` reads to list a point."""
+    os.makedirs(run_dir, exist_ok=True)
+    with open(os.path.join(run_dir, POINT_FILE), "w") as f:
+        json.dump({"name": point.name, "overrides": point.overrides, "command": command, "base": base,
+                   "started": _now()}, f, indent=1, default=repr)
+
+
 def run_sweep(sweep_cfg, workdir: str, runner: Runner | None = None, dry_run: bool = False,
               log: Callable[[str], None] = print) -> list[PointResult]:
     """Run the points one after another into workdir/<name>/.
@@ -229,10 +227,7 @@ def run_sweep(sweep_cfg, workdir: str, runner: Runner | None = None, dry_run: bo
             results.append(PointResult(p.name, "dry_run"))
             log(shlex.join(build_command(command, base, p.overrides, run_dir)))
             continue
-        os.makedirs(run_dir, exist_ok=True)
-        with open(os.path.join(run_dir, POINT_FILE), "w") as f:
-            json.dump({"name": p.name, "overrides": p.overrides, "command": command, "base": base,
-                       "started": _now()}, f, indent=1, default=repr)
+        write_point_file(run_dir, p, command, base)
         failed_path = os.path.join(run_dir, FAILED)
         if os.path.exists(failed_path):
             os.remove(failed_path)
