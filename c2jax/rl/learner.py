@@ -169,12 +169,6 @@ def rl_train_step(cfg, optimizer, state, ref_params, batch):
     return new_state, metrics
 
 
-def score_fn(cfg):
-    """Jitted (params, batch, forced_or_None) -> (logp_BL, aux): the learner's scoring forward."""
-    cfg = learner_cfg(cfg)
-    return jax.jit(lambda p, b, f: _logp(cfg, p, b, f))
-
-
 @functools.lru_cache(maxsize=8)
 def _compiled_step(cfg_json: str):
     """One jitted step per config (learners of equal configs share compiles)."""

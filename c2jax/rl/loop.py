@@ -75,11 +75,11 @@ def evaluate(env, service, tasks, k: int, temperature: float, seed: int, workers
     def one(args):
         i, j = args
         _, passed = env.episode(tasks[i], service, f"eval/{i}/{j}", seed, temperature, group_id=f"eval{i}")
-        return i, passed
+        return i, j, passed
     ok = np.zeros((len(tasks), k), bool)
     with concurrent.futures.ThreadPoolExecutor(max(workers, 1)) as ex:
-        for i, passed in ex.map(one, [(i, j) for i in range(len(tasks)) for j in range(k)]):
-            ok[i, [j for j in range(k) if not ok[i, j]][0]] = passed
+        for i, j, passed in ex.map(one, [(i, j) for i in range(len(tasks)) for j in range(k)]):
+            ok[i, j] = passed
     return {"eval/pass_at_1": float(ok.mean()), f"eval/best_of_{k}": float(ok.any(axis=1).mean()),
             "eval/tasks": len(tasks)}
 

@@ -119,7 +119,6 @@ class Orchestrator:
         self.inflight: dict[int, GroupJob] = {}
         self.requeue: list[int] = []
         self.env_restarts = 0
-        self.stale_dropped = 0
         self._stop = threading.Event()
         self._kill_worker = threading.Event()
         self.error: BaseException | None = None

@@ -24,20 +24,19 @@ import numpy as np
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
+def _path_key(path) -> str:
+    return "/".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
+
+
 def flatten(params) -> dict[str, np.ndarray]:
     """{"a/b/c": host array} of a params pytree."""
-    out = {}
-    for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
-        key = "/".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
-        out[key] = np.asarray(leaf)
-    return out
+    return {_path_key(path): np.asarray(leaf) for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]}
 
 
 def unflatten_like(template, flat: dict[str, np.ndarray]):
     """A pytree shaped like `template` with leaves from `flat` (same keys as flatten)."""
     paths, treedef = jax.tree_util.tree_flatten_with_path(template)
-    keys = ["/".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in p) for p, _ in paths]
-    return jax.tree_util.tree_unflatten(treedef, [flat[k] for k in keys])
+    return jax.tree_util.tree_unflatten(treedef, [flat[_path_key(p)] for p, _ in paths])
 
 
 def _bits(a: np.ndarray) -> np.ndarray:

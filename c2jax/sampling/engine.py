@@ -136,12 +136,6 @@ def _finish_codes(tok, ngen, pos_of_tok, max_new, stop, S):
     return code
 
 
-def _expert_ids(aux, N):
-    if N == 0:
-        return None
-    return aux["expert_ids"]
-
-
 # ----------------------------------------------------------------------------- jitted kernels
 
 
@@ -176,7 +170,7 @@ def _kernels(model_json: str, S: int, B: int, moe_gather: bool = True):
                        max_new=max_new_M, temp=temp_M, top_k=top_k_M, top_p=top_p_M, key=base, stop=stop_MX,
                        reason=code)
         state = jax.tree.map(lambda s, u: s.at[dest_slot_M].set(u, mode="drop"), state, upd)
-        experts = _expert_ids(out.aux, N)
+        experts = out.aux["expert_ids"] if N else None
         return cache, state, (tok, lp, raw, code, experts)
 
     @functools.partial(jax.jit, donate_argnums=(1, 2), static_argnames=("C", "use_filter"))
@@ -427,8 +421,7 @@ class Sampler:
             M["rid"], M["sidx"], M["max_new"], M["temp"], M["top_k"], M["top_p"], M["stop"],
             use_filter=use_filter)
         self.prefill_calls += 1
-        tok, lp, raw, code = (np.asarray(x) for x in (tok, lp, raw, code))
-        ex = None if experts is None else np.asarray(experts)  # [N, b, L, K]
+        tok, lp, raw, code, ex = jax.device_get((tok, lp, raw, code, experts))  # ex: [N, b, L, K] or None
         # cache bookkeeping: every dest slot holds src's cached prefix + the prefilled suffix
         old = {}
         for *_, src, start, _n in rows:
@@ -467,9 +460,12 @@ class Sampler:
             params, version = self.params, self.version
         self.cache, self.state, n_steps, bufs = self._decode(params, self.cache, self.state, min_live,
                                                              C=self.chunk, use_filter=use_filter)
+        # one batched transfer, sliced on the host (slicing on device would dispatch one op per
+        # buffer and compile a new slice for every distinct n)
+        n_steps, bufs = jax.device_get((n_steps, bufs))
         n = int(n_steps)
         self.decode_steps += n
-        h = {k: np.asarray(v[:n]) for k, v in bufs.items()}
+        h = {k: v[:n] for k, v in bufs.items()}
         for s in range(self.B):
             row = self.slot_row[s]
             if row is None:

@@ -61,13 +61,13 @@ def test_greedy_equals_stepwise_argmax():
     attention = "gqa"  # MLA: covered by the logprob and multi-turn tests below
     cfg, params = setup(attention)
     out = generate(cfg, params, PROMPTS, max_new_tokens=6, temperature=0.0, n=1, **KW)
-    for p, toks in zip(PROMPTS, out.tokens):
+    for p, toks, reasons in zip(PROMPTS, out.tokens, out.finish_reason):
         seq = list(p)
         for _ in range(6):
             lp, _ = reference(attention, params, seq)
             seq.append(int(np.argmax(lp[-1])))
         assert toks[0] == seq[len(p):]
-        assert out.finish_reason[0][0] == "length"
+        assert reasons[0] == "length"
 
 
 @pytest.mark.parametrize("attention", ["gqa", "mla"])
