@@ -23,6 +23,7 @@ from safetensors.numpy import save_file
 from c2jax.config import ConfigError, default_config, validate_model
 from c2jax.models.layers import dtype_of
 from c2jax.models.transformer import abstract_params, layer_counts, model_cfg
+from c2jax.treepath import flatten_by_path
 
 SUPPORTED = ("qwen3_moe", "deepseek_v3", "kimi_k2")
 
@@ -325,11 +326,6 @@ def _check_shapes(reader: _Reader, sources, shapes):
                                           f"expected {list(want)} for this config")
 
 
-def _flat(tree):
-    return {tuple(getattr(k, "key", getattr(k, "name", k)) for k in path): leaf
-            for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
-
-
 def load(path: str, shardings=None, dtype: str | None = None):
     """Read an HF checkpoint directory. Returns (model config, params pytree).
 
@@ -345,13 +341,13 @@ def load(path: str, shardings=None, dtype: str | None = None):
         m.param_dtype = dtype
     reader = _Reader(path)
     shapes_tree = abstract_params(m)
-    shapes = _flat(shapes_tree)
+    shapes = flatten_by_path(shapes_tree)
     sources = leaf_sources(m)
     missing = set(shapes) - set(sources)
     if missing:
         raise CheckpointError(f"internal: no HF source for params {sorted(missing)}")
     _check_shapes(reader, sources, shapes)
-    flat_shardings = _flat(shardings) if shardings is not None else {}
+    flat_shardings = flatten_by_path(shardings) if shardings is not None else {}
     default = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     pdt = dtype_of(m.param_dtype)
     leaves = {}
@@ -363,7 +359,7 @@ def load(path: str, shardings=None, dtype: str | None = None):
             return _read_leaf_slice(reader, src, shape, index).astype(pdt)
         leaves[path_key] = jax.make_array_from_callback(leaf.shape, sharding, cb)
     treedef = jax.tree_util.tree_structure(shapes_tree)
-    ordered = [leaves[k] for k in _flat(shapes_tree)]
+    ordered = [leaves[k] for k in shapes]
     return m, jax.tree_util.tree_unflatten(treedef, ordered)
 
 
@@ -378,7 +374,7 @@ def save(cfg, params, path: str, max_shard_bytes: int = 4 << 30, dtype: str | No
     if dtype:
         hf_cfg["dtype"] = dtype
     sources = leaf_sources(m)
-    flat = _flat(params)
+    flat = flatten_by_path(params)
     if set(flat) != set(sources):
         raise CheckpointError(f"params do not match the config: extra {sorted(set(flat) - set(sources))}, "
                               f"missing {sorted(set(sources) - set(flat))}")

@@ -136,7 +136,7 @@ class Transformer(nn.Module):
             return nn.with_logical_constraint(out.astype(jnp.float32), ("batch", "length", "vocab"))
 
         logits = logits_of(hidden_BLD)
-        if m.num_mtp_layers and cache is not None and not cache:
+        if m.num_mtp_layers and not cache:  # MTP heads run in training forwards, not on the KV-cache path
             mtp_logits, h = [], hidden_BLD
             for d in range(1, m.num_mtp_layers + 1):
                 ahead_BL = jnp.concatenate([tokens_BL[:, d:], jnp.zeros_like(tokens_BL[:, :d])], axis=1)

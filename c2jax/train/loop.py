@@ -2,6 +2,8 @@
 HF import), jitted sharded step, evals, checkpoints with exact resume, metrics."""
 from __future__ import annotations
 
+import functools
+import itertools
 import json
 import logging
 import math
@@ -10,6 +12,7 @@ import shutil
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from c2jax import hf
@@ -21,7 +24,7 @@ from c2jax.parallel import activate, data_sharding, make_mesh, param_shardings
 from c2jax.parallel.distributed import global_batch
 from c2jax.train.checkpoint import Checkpointer, StopFlag, abstract_like
 from c2jax.train.metrics import MetricsWriter, Progress, measured_matmul_peak
-from c2jax.train.optimizer import make_optimizer
+from c2jax.train.optimizer import learning_rate_schedule, make_optimizer
 from c2jax.train.step import BATCH_KEYS, init_state, make_eval_step, make_train_step, state_shardings
 
 log = logging.getLogger(__name__)
@@ -91,26 +94,29 @@ def _tokenizer_for(cfg, workdir):
         shutil.copy(os.path.join(src, "tokenizer.json"), os.path.join(workdir, "tokenizer.json"))
 
 
-def evaluate(cfg, params, tokenizer, corpus, eval_step, dsh, batch_size, seq_len) -> dict:
-    """Held-out loss (corpus held-out split) and codebase perplexity (rolling windows)."""
+def _weighted_nll(eval_step, params, batches, dsh) -> tuple[float, float]:
+    """Sum of NLL and of weights over batches, accumulated on device (one host sync at the end)."""
+    nll = w = jnp.zeros((), jnp.float32)
+    for batch in batches:
+        r = eval_step(params, {k: jax.device_put(batch[k], dsh) for k in BATCH_KEYS})
+        nll, w = nll + r["nll_sum"], w + r["weight"]
+    return float(nll), float(w)
+
+
+def evaluate(cfg, params, tokenizer, corpus, codebase_arrays, eval_step, dsh, batch_size, seq_len) -> dict:
+    """Held-out loss (corpus held-out split) and codebase perplexity (rolling windows over
+    `codebase_arrays`, tokenized once per run by c2jax.data.codebase.codebase_eval_arrays)."""
     out = {}
-    nll = w = 0.0
     heldout = []
     if corpus.heldout:
         heldout = make_train_iterator(cfg.data, tokenizer, seq_len, batch_size, cfg.seed, split="heldout",
                                       num_epochs=1, shuffle=False, corpus=corpus)
-    for i, batch in enumerate(heldout):
-        if cfg.train.eval_batches and i >= cfg.train.eval_batches:
-            break
-        r = eval_step(params, {k: jax.device_put(batch[k], dsh) for k in BATCH_KEYS})
-        nll, w = nll + float(r["nll_sum"]), w + float(r["weight"])
+    if cfg.train.eval_batches:
+        heldout = itertools.islice(heldout, cfg.train.eval_batches)
+    nll, w = _weighted_nll(eval_step, params, heldout, dsh)
     if w:
         out["heldout_loss"] = nll / w
-    arrays = codebase_eval_arrays(cfg.data, tokenizer, window=seq_len)
-    nll = w = 0.0
-    for batch in iter_batches(arrays, batch_size):
-        r = eval_step(params, {k: jax.device_put(batch[k], dsh) for k in BATCH_KEYS})
-        nll, w = nll + float(r["nll_sum"]), w + float(r["weight"])
+    nll, w = _weighted_nll(eval_step, params, iter_batches(codebase_arrays, batch_size), dsh)
     if w:
         out["codebase_loss"] = nll / w
         out["codebase_ppl"] = math.exp(min(nll / w, 50.0))
@@ -167,17 +173,29 @@ def run_training(cfg, workdir: str) -> dict:
             progress = Progress(t.steps, start)
             bad_in_a_row, tokens_since, t_since = 0, 0.0, None
             summary = {"params": param_count(cfg), "start_step": start}
+            codebase = codebase_eval_arrays(cfg.data, tokenizer, window=t.seq_len)
+            run_eval = functools.partial(evaluate, cfg, tokenizer=tokenizer, corpus=corpus, codebase_arrays=codebase,
+                                         eval_step=eval_step, dsh=dsh, batch_size=t.batch_size, seq_len=t.seq_len)
+            lr_at = learning_rate_schedule(t)
+
+            def next_batch():
+                # This process's rows -> global arrays; zigzag-reordered when CP > 1.
+                rows = next(it)
+                return global_batch(cfg, mesh, {k: np.asarray(rows[k]) for k in BATCH_KEYS}, t.batch_size)
+
             if start == 0:
-                first = evaluate(cfg, state["params"], tokenizer, corpus, eval_step, dsh, t.batch_size, t.seq_len)
+                first = run_eval(state["params"])
                 writer.write(0, {f"eval/{k}": v for k, v in first.items()})
                 summary["initial_eval"] = first
             step = start
+            batch = next_batch() if step < t.steps else None
+            data_state = it.get_state()
             while step < t.steps:
-                batch = next(it)
-                # This process's rows -> global arrays; zigzag-reordered when CP > 1.
-                batch = global_batch(cfg, mesh, {k: np.asarray(batch[k]) for k in BATCH_KEYS}, t.batch_size)
                 state, metrics = step_fn(state, batch)
                 step += 1
+                data_state = it.get_state()  # the position after the batch just trained on
+                # Build the next batch while the device runs this step, then sync on its metrics.
+                batch = next_batch() if step < t.steps else None
                 metrics = jax.device_get(metrics)
                 if t_since is None:
                     t_since = time.time()  # the first step includes compilation
@@ -193,23 +211,23 @@ def run_training(cfg, workdir: str) -> dict:
                     elapsed = time.time() - t_since
                     tps = tokens_since / elapsed if elapsed > 0 and tokens_since else 0.0
                     metrics.update(tokens_per_s=tps, mfu=tps * fpt / peak if tps else 0.0,
-                                   lr=float(optimizer_lr(t, step)))
+                                   lr=float(lr_at(step)))
                     writer.write(step, metrics)
                     progress.update(step, loss=float(metrics["loss"]), tok_s=round(tps))
                 if t.eval_every and step % t.eval_every == 0 and step < t.steps:
-                    ev = evaluate(cfg, state["params"], tokenizer, corpus, eval_step, dsh, t.batch_size, t.seq_len)
+                    ev = run_eval(state["params"])
                     writer.write(step, {f"eval/{k}": v for k, v in ev.items()})
                 if not metrics["skipped"]:
-                    ckpt.save(step, state, {"iterator": it.get_state()}, {"step": step})
+                    ckpt.save(step, state, {"iterator": data_state}, {"step": step})
                 if stop:
                     log.warning("SIGTERM: saving step %d and exiting", step)
-                    ckpt.save(step, state, {"iterator": it.get_state()}, {"step": step}, force=True)
+                    ckpt.save(step, state, {"iterator": data_state}, {"step": step}, force=True)
                     break
-            final = evaluate(cfg, state["params"], tokenizer, corpus, eval_step, dsh, t.batch_size, t.seq_len)
+            final = run_eval(state["params"])
             writer.write(step, {f"eval/{k}": v for k, v in final.items()})
             summary.update(final_eval=final, final_step=step, stopped_early=bool(stop))
             if step == t.steps and ckpt.latest_step() != step:
-                ckpt.save(step, state, {"iterator": it.get_state()}, {"step": step}, force=True)
+                ckpt.save(step, state, {"iterator": data_state}, {"step": step}, force=True)
         finally:
             ckpt.close()
             writer.close()
@@ -217,11 +235,6 @@ def run_training(cfg, workdir: str) -> dict:
     with open(os.path.join(workdir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     return summary
-
-
-def optimizer_lr(t, step):
-    from c2jax.train.optimizer import learning_rate_schedule
-    return learning_rate_schedule(t)(step)
 
 
 __all__ = ["run_training", "TrainingDiverged", "load_run_params", "evaluate", "Tokenizer"]

@@ -8,15 +8,13 @@ from __future__ import annotations
 import jax
 import optax
 
-
-def _path_names(path) -> tuple[str, ...]:
-    return tuple(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
+from c2jax.treepath import key_names
 
 
 def decay_mask(params):
     """True where weight decay applies (matrices), False for norms, biases, embeddings."""
     def one(path, leaf):
-        names = _path_names(path)
+        names = key_names(path)
         return not ({"scale", "bias", "router_bias", "embed"} & set(names))
     return jax.tree_util.tree_map_with_path(one, params)
 
@@ -24,7 +22,7 @@ def decay_mask(params):
 def frozen_labels(params):
     """'frozen' for leaves the optimizer must not touch (the router selection bias)."""
     return jax.tree_util.tree_map_with_path(
-        lambda path, _: "frozen" if "router_bias" in _path_names(path) else "train", params)
+        lambda path, _: "frozen" if "router_bias" in key_names(path) else "train", params)
 
 
 def learning_rate_schedule(t) -> optax.Schedule:

@@ -15,6 +15,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from c2jax.models import forward, update_router_bias
 from c2jax.models.transformer import model_cfg
+from c2jax.treepath import flatten_by_path, key_names
 
 BATCH_KEYS = ("inputs", "targets", "segment_ids", "positions", "loss_weights")
 
@@ -175,24 +176,15 @@ def init_state(cfg, optimizer, params, seed: int):
             "rng": jax.random.key_data(jax.random.key(seed))}
 
 
-def _key_names(path) -> tuple:
-    return tuple(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
-
-
 def state_shardings(cfg, optimizer, mesh, param_shardings_tree, abstract_state):
     """Shardings of the whole train state: each optimizer leaf whose key path ends with a param's
     path (and has its shape) follows that param (FSDP); everything else is replicated."""
     replicated = NamedSharding(mesh, PartitionSpec())
-    by_path = {}
-    shapes = {}
-    for path, sh in jax.tree_util.tree_flatten_with_path(
-            param_shardings_tree, is_leaf=lambda x: isinstance(x, NamedSharding))[0]:
-        by_path[_key_names(path)] = sh
-    for path, leaf in jax.tree_util.tree_flatten_with_path(abstract_state["params"])[0]:
-        shapes[_key_names(path)] = leaf.shape
+    by_path = flatten_by_path(param_shardings_tree, is_leaf=lambda x: isinstance(x, NamedSharding))
+    shapes = {k: leaf.shape for k, leaf in flatten_by_path(abstract_state["params"]).items()}
 
     def one(path, leaf):
-        names = _key_names(path)
+        names = key_names(path)
         for start in range(len(names)):
             suffix = names[start:]
             if suffix in by_path and shapes.get(suffix) == getattr(leaf, "shape", None):
