@@ -1,5 +1,6 @@
-"""Shared helpers for pallas_kernels: backend/impl selection and argument checks."""
-# Dim letters: none (helpers only).
+"""Shared helpers for pallas_kernels: backend/impl selection, argument checks, tiling, and the
+in-kernel pieces several Mosaic kernels use (block-scale expansion, online-softmax step)."""
+# Dim letters: KB = K / block scale blocks; tk/tm/tn tile sizes; G query rows, S key block (softmax).
 from __future__ import annotations
 
 import jax
@@ -68,3 +69,80 @@ def interpret_params(impl: str):
     """Value for pallas_call(interpret=...) given the concrete impl name."""
     # generic Pallas interpreter: several times faster than pltpu.InterpretParams on CPU
     return impl == "interpret"
+
+
+def varying_zeros(shape, dtype, *like):
+    """jnp.zeros whose varying manual axes (inside jax.shard_map) are those of `like`'s arrays, so
+    it can be a scan/loop carry that the body updates from them (no-op outside shard_map)."""
+    out = jnp.zeros(shape, dtype)
+    vma = frozenset().union(*(_varying_axes(x) for x in like))
+    return jax.lax.pcast(out, tuple(sorted(vma)), to="varying") if vma else out
+
+
+def cotangent_like(ct, primal):
+    """Sum a custom_vjp cotangent over the shard_map axes it varies over but `primal` does not
+    (what autodiff does for the implicit broadcast of an invariant input; no-op outside shard_map)."""
+    extra = _varying_axes(ct) - _varying_axes(primal)
+    return jax.lax.psum(ct, tuple(sorted(extra))) if extra else ct
+
+
+def _varying_axes(x) -> frozenset:
+    t = jax.typeof(x)
+    mat = getattr(t, "manual_axis_type", None)  # jax >= 0.12; older releases: aval.vma
+    return frozenset(mat.varying) if mat is not None else frozenset(getattr(t, "vma", ()))
+
+
+def pick_tile(dim: int, pref: int, align: int) -> int:
+    """Largest multiple of `align` <= pref dividing dim; else pref clipped to dim rounded up to align."""
+    if dim <= pref:
+        return dim if dim % align == 0 or dim < align else (dim + align - 1) // align * align
+    t = pref - pref % align
+    while t >= align:
+        if dim % t == 0:
+            return t
+        t -= align
+    return pref
+
+
+def quantized_tiles(m: int, k: int, n: int, tiling, blk: int):
+    """(tm, tk, tn) for kernels reading 1-byte operands with block scales of `blk` along K:
+    tm a multiple of 32 (int8/fp8 sublane packing), tk holding whole scale blocks."""
+    tm, tk, tn = tiling
+    return min(tm, round_up(m, 32)), pick_tile(k, tk, max(128, blk * 16)), pick_tile(n, tn, 128)
+
+
+# ----------------------------------------------------------------------------- in-kernel helpers
+# Traced inside Pallas kernel bodies (Mosaic on TPU, or the interpreter).
+
+MASK_VALUE = -1e30
+
+
+def expand_rows(s_KBN, blk):
+    """[tk/blk, tn] block scales -> [tk, tn] by an exact 0/1 matmul (one nonzero per output)."""
+    kb = s_KBN.shape[0]
+    e = (jax.lax.div(jax.lax.broadcasted_iota(jnp.int32, (kb * blk, kb), 0), blk)
+         == jax.lax.broadcasted_iota(jnp.int32, (kb * blk, kb), 1)).astype(jnp.bfloat16)
+    return jnp.dot(e, s_KBN.astype(jnp.bfloat16), preferred_element_type=jnp.float32)
+
+
+def expand_cols_t(s_KBM, blk):
+    """[tk/blk, tm] transposed block scales -> [tm, tk] by an exact 0/1 matmul."""
+    kb = s_KBM.shape[0]
+    e = (jax.lax.div(jax.lax.broadcasted_iota(jnp.int32, (kb, kb * blk), 1), blk)
+         == jax.lax.broadcasted_iota(jnp.int32, (kb, kb * blk), 0)).astype(jnp.bfloat16)
+    return jax.lax.dot_general(s_KBM.astype(jnp.bfloat16), e, (((0,), (0,)), ((), ())),
+                               preferred_element_type=jnp.float32)
+
+
+def online_softmax_step(s_GS, mask_GS, v_ref, m_sc, l_sc, acc_sc):
+    """One key block of an online softmax: update the running max m_sc, denominator l_sc and
+    the f32 accumulator acc_sc ([G, E]) from scaled logits s_GS and the block's values v_ref."""
+    s = jnp.where(mask_GS, s_GS, MASK_VALUE)
+    m_prev = m_sc[...]
+    m_new = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))
+    p = jnp.where(mask_GS, jnp.exp(s - m_new), 0.0)
+    alpha = jnp.exp(m_prev - m_new)
+    l_sc[...] = alpha * l_sc[...] + jnp.sum(p, axis=1, keepdims=True)
+    acc_sc[...] = alpha * acc_sc[...] + jnp.dot(p.astype(v_ref.dtype), v_ref[...],
+                                                preferred_element_type=jnp.float32)
+    m_sc[...] = m_new

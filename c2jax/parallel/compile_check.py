@@ -122,25 +122,6 @@ def _flops(compiled) -> float:
     return float(cost.get("flops", 0.0)) if cost else 0.0
 
 
-def _state_shardings_by_path(abstract_state, p_sh, mesh):
-    """Shardings of a train state: every optimizer leaf whose key path ends with a param's key
-    path (and has its shape) takes that param's sharding; everything else is replicated."""
-    def keys(path):
-        return tuple(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
-    by_path = {keys(path): s for path, s in jax.tree_util.tree_flatten_with_path(p_sh)[0]}
-    shapes = {keys(path): x.shape for path, x in
-              jax.tree_util.tree_flatten_with_path(abstract_state["params"])[0]}
-    replicated = NamedSharding(mesh, P())
-
-    def one(path, leaf):
-        k = keys(path)
-        for n in range(len(k)):
-            if k[n:] in by_path and shapes[k[n:]] == leaf.shape:
-                return by_path[k[n:]]
-        return replicated
-    return jax.tree_util.tree_map_with_path(one, abstract_state)
-
-
 def compile_train_step(cfg, mesh):
     """Lower the real train step for `mesh` (compile with `.compile()`); returns the Lowered."""
     from c2jax.models import abstract_params
@@ -158,10 +139,7 @@ def compile_train_step(cfg, mesh):
     p_sh = param_shardings(cfg, mesh)
     params = _abstract(abstract_params(cfg), p_sh)
     abstract_state = jax.eval_shape(lambda p: init_state(cfg, optimizer, p, 0), params)
-    try:
-        st_sh = state_shardings(cfg, optimizer, mesh, p_sh, abstract_state)
-    except ValueError:  # optax masked (frozen) leaves, e.g. the router selection bias
-        st_sh = _state_shardings_by_path(abstract_state, p_sh, mesh)
+    st_sh = state_shardings(cfg, optimizer, mesh, p_sh, abstract_state)
     state = _abstract(abstract_state, st_sh)
     dsh = data_sharding(cfg, mesh)
     with activate(cfg, mesh):

@@ -82,14 +82,14 @@ def local_rows(sharding, global_shape) -> np.ndarray:
 def global_batch(cfg, mesh, local_batch: dict, global_batch_size: int) -> dict:
     """Global jax.Arrays [global_batch_size, L, ...] from this process's rows (`local_rows` of
     the data sharding, in order), zigzag-reordered along the length dim when CP > 1."""
-    from c2jax.parallel.context import zigzag_permute
+    from c2jax.parallel.context import zigzag_order
     from c2jax.parallel.mesh import data_sharding
     cp = mesh.shape.get("context", 1)
     out = {}
     for key, value in local_batch.items():
         value = np.asarray(value)
         if value.ndim >= 2 and cp > 1:
-            value = np.asarray(zigzag_permute(value, cp, axis=1))
+            value = np.take(value, zigzag_order(value.shape[1], cp), axis=1)  # host-side: no device round trip
         sharding = data_sharding(cfg, mesh, value.ndim)
         global_shape = (global_batch_size,) + value.shape[1:]
         want = len(local_rows(sharding, global_shape))

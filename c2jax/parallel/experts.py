@@ -74,11 +74,11 @@ def _quantized_all_to_all(x_RD, axes, quant: str, out_dtype):
 
 def _local_experts(x_RD, eid_R, w_gate, w_up, w_down, quant: str):
     """Rows with local expert id eid (== E_local for padding) through their expert."""
-    from c2jax.models.moe import _expert_ffn, _ragged_gmm
+    from c2jax.models.moe import _dispatcher_gmm, _expert_ffn
     e_local = w_gate.shape[0]
     order = jnp.argsort(eid_R, stable=True)
     sizes = jnp.bincount(eid_R, length=e_local + 1)[:e_local].astype(jnp.int32)
-    y_sorted = _expert_ffn(x_RD[order], w_gate, w_up, w_down, sizes, _ragged_gmm(quant))
+    y_sorted = _expert_ffn(x_RD[order], w_gate, w_up, w_down, sizes, _dispatcher_gmm(quant))
     y = jnp.zeros_like(y_sorted).at[order].set(y_sorted)
     return jnp.where((eid_R < e_local)[:, None], y, 0)
 
@@ -152,7 +152,7 @@ def expert_parallel_dispatch(x_BLD, ids_BLK, weights_BLK, w_gate, w_up, w_down, 
         y_AD = back[slot] * keep[:, None].astype(dt)
         y = jnp.einsum("tkd,tk->td", y_AD.reshape(T, K, D).astype(jnp.float32),
                        wts.reshape(T, K).astype(jnp.float32))
-        dropped = 1.0 - jnp.mean(keep.astype(jnp.float32))
+        dropped = jnp.mean((~keep).astype(jnp.float32))  # exactly 0 when dropless (1 - mean(keep) is not)
         varying = tuple(dict.fromkeys(b_axes + l_axes + axes))  # dropped varies over the token axes
         return y.astype(dt).reshape(b, l, D), jax.lax.pmean(dropped, varying)
 

@@ -12,10 +12,14 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from pallas_kernels._common import pad_axis, round_up
-from pallas_kernels.gmm.metadata import pick_tile
+from pallas_kernels._common import (
+    MASK_VALUE,
+    online_softmax_step,
+    pad_axis,
+    pick_tile,
+    round_up,
+)
 
-MASK_VALUE = -1e30
 DEFAULT_BLOCK_S = 512
 VMEM_LIMIT_BYTES = 32 * 1024 * 1024
 
@@ -35,16 +39,7 @@ def _decode_kernel(len_ref, q_ref, k_ref, v_ref, o_ref, m_sc, l_sc, acc_sc, *, s
         s = jax.lax.dot_general(q_ref[...], k_ref[...], (((1,), (1,)), ((), ())),
                                 preferred_element_type=jnp.float32) * scale  # [G, bs]
         cols = si * bs + jax.lax.broadcasted_iota(jnp.int32, s.shape, 1)
-        mask = cols < length
-        s = jnp.where(mask, s, MASK_VALUE)
-        m_prev = m_sc[...]
-        m_new = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))
-        p = jnp.where(mask, jnp.exp(s - m_new), 0.0)
-        alpha = jnp.exp(m_prev - m_new)
-        l_sc[...] = alpha * l_sc[...] + jnp.sum(p, axis=1, keepdims=True)
-        acc_sc[...] = alpha * acc_sc[...] + jnp.dot(p.astype(v_ref.dtype), v_ref[...],
-                                                    preferred_element_type=jnp.float32)
-        m_sc[...] = m_new
+        online_softmax_step(s, cols < length, v_ref, m_sc, l_sc, acc_sc)
 
     @pl.when(si == ns - 1)
     def _():

@@ -15,9 +15,13 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from pallas_kernels._common import pad_axis, round_up
+from pallas_kernels._common import (
+    MASK_VALUE,
+    online_softmax_step,
+    pad_axis,
+    round_up,
+)
 
-MASK_VALUE = -1e30
 DEFAULT_BLOCK_Q = 512
 DEFAULT_BLOCK_K = 512
 DEFAULT_BWD_BLOCK_Q = 256
@@ -60,16 +64,7 @@ def _fwd_kernel(q_ref, k_ref, v_ref, qs_ref, ks_ref, o_ref, lse_ref, m_sc, l_sc,
     def _():
         s = jax.lax.dot_general(q_ref[...], k_ref[...], (((1,), (1,)), ((), ())),
                                 preferred_element_type=jnp.float32) * scale
-        mask = _mask(qs_ref, ks_ref, qi, ki, bq, bk, causal)
-        s = jnp.where(mask, s, MASK_VALUE)
-        m_prev = m_sc[...]
-        m_new = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))
-        p = jnp.where(mask, jnp.exp(s - m_new), 0.0)
-        alpha = jnp.exp(m_prev - m_new)
-        l_sc[...] = alpha * l_sc[...] + jnp.sum(p, axis=1, keepdims=True)
-        acc_sc[...] = alpha * acc_sc[...] + jnp.dot(p.astype(v_ref.dtype), v_ref[...],
-                                                    preferred_element_type=jnp.float32)
-        m_sc[...] = m_new
+        online_softmax_step(s, _mask(qs_ref, ks_ref, qi, ki, bq, bk, causal), v_ref, m_sc, l_sc, acc_sc)
 
     @pl.when(ki == nk - 1)
     def _():

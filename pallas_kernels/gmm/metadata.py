@@ -43,15 +43,3 @@ def make_visits(group_sizes_G, m: int, m_pad: int, tm: int) -> Visits:
     starts_g1 = jnp.concatenate([starts, total[None]]).astype(jnp.int32)
     ends_g1 = jnp.concatenate([ends, total[None]]).astype(jnp.int32)
     return Visits(gid, mt, first, starts_g1, ends_g1, sizes)
-
-
-def pick_tile(dim: int, pref: int, align: int) -> int:
-    """Largest multiple of `align` <= pref dividing dim; else pref clipped to dim rounded up to align."""
-    if dim <= pref:
-        return dim if dim % align == 0 or dim < align else (dim + align - 1) // align * align
-    t = pref - pref % align
-    while t >= align:
-        if dim % t == 0:
-            return t
-        t -= align
-    return pref

@@ -12,6 +12,7 @@ import numpy as np
 from pallas_kernels import quant as Q
 from pallas_kernels._common import (
     check_ndim,
+    cotangent_like,
     check_quant,
     interpret_params,
     is_concrete,
@@ -131,7 +132,7 @@ def _gmm_vjp(lhs_MK, rhs_GKN, group_sizes_G, quant, impl, tiling, out_dtype):
 
 
 def _gmm_fwd(lhs_MK, rhs_GKN, group_sizes_G, quant, impl, tiling, out_dtype):
-    out = _gmm_vjp(lhs_MK, rhs_GKN, group_sizes_G, quant, impl, tiling, out_dtype)
+    out = _forward(lhs_MK, rhs_GKN, group_sizes_G, quant, impl, tiling).astype(out_dtype)
     return out, (lhs_MK, rhs_GKN, group_sizes_G)
 
 
@@ -162,7 +163,9 @@ def _gmm_bwd(quant, impl, tiling, out_dtype, res, dy_MN):
             dy_q = _mx8(pad_axis(dy_MN, 0, mp), 0)[:m]
             drhs = _tgmm_raw(lhs_q, dy_q, group_sizes_G, impl, tiling)
     dgs = np.zeros(group_sizes_G.shape, dtype=jax.dtypes.float0)
-    return dlhs.astype(lhs_MK.dtype), drhs.astype(rhs_GKN.dtype), dgs
+    # inside shard_map: rows vary over the token axes, expert weights only over the EP axes
+    return (cotangent_like(dlhs.astype(lhs_MK.dtype), lhs_MK), cotangent_like(drhs.astype(rhs_GKN.dtype), rhs_GKN),
+            dgs)
 
 
 _gmm_vjp.defvjp(_gmm_fwd, _gmm_bwd)

@@ -9,8 +9,15 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from pallas_kernels._common import pad_axis, round_up
-from pallas_kernels.gmm.metadata import make_visits, pick_tile
+from pallas_kernels._common import (
+    expand_cols_t,
+    expand_rows,
+    pad_axis,
+    pick_tile,
+    quantized_tiles,
+    round_up,
+)
+from pallas_kernels.gmm.metadata import make_visits
 
 DEFAULT_TILING = (256, 512, 1024)  # (tm, tk, tn); untuned guesses until TPU time is available
 VMEM_LIMIT_BYTES = 48 * 1024 * 1024
@@ -31,6 +38,24 @@ def gmm_vmem_bytes(tiling, lhs_dtype, rhs_dtype, out_dtype) -> int:
     return 2 * (tm * tk * isz(lhs_dtype) + tk * tn * isz(rhs_dtype) + tm * tn * isz(out_dtype)) + tm * tn * 4
 
 
+def _store_group_rows(out_ref, acc_ref, row0, start, end, first):
+    """Write the accumulator's rows of group [start, end) into the output tile; other rows keep
+    what an earlier visit of the same row tile wrote (zeros on a tile's first visit)."""
+    rows = row0 + jax.lax.broadcasted_iota(jnp.int32, acc_ref.shape, 0)
+    mask = (rows >= start) & (rows < end)
+    prev = jnp.where(first == 1, 0.0, out_ref[...].astype(jnp.float32))
+    out_ref[...] = jnp.where(mask, acc_ref[...], prev).astype(out_ref.dtype)
+
+
+def _group_run_bounds(gid_ref, v, nv, num_groups):
+    """(first, last) visit of a run of consecutive visits to one group (tgmm: the [K, N] output
+    block of that group is accumulated over the run and written at its end)."""
+    gc = jnp.minimum(gid_ref[v], num_groups - 1)
+    g_prev = jnp.minimum(gid_ref[jnp.maximum(v - 1, 0)], num_groups - 1)
+    g_next = jnp.minimum(gid_ref[jnp.minimum(v + 1, nv - 1)], num_groups - 1)
+    return (v == 0) | (gc != g_prev), (v == nv - 1) | (gc != g_next)
+
+
 def _gmm_kernel(gid_ref, mt_ref, first_ref, st_ref, en_ref, lhs_ref, rhs_ref, out_ref, acc_ref,
                 *, tm, nk, transpose_rhs):
     v = pl.program_id(1)
@@ -49,10 +74,7 @@ def _gmm_kernel(gid_ref, mt_ref, first_ref, st_ref, en_ref, lhs_ref, rhs_ref, ou
 
     @pl.when(k == nk - 1)
     def _():
-        rows = mt_ref[v] * tm + jax.lax.broadcasted_iota(jnp.int32, acc_ref.shape, 0)
-        mask = (rows >= st_ref[g]) & (rows < en_ref[g])
-        prev = jnp.where(first_ref[v] == 1, 0.0, out_ref[...].astype(jnp.float32))
-        out_ref[...] = jnp.where(mask, acc_ref[...], prev).astype(out_ref.dtype)
+        _store_group_rows(out_ref, acc_ref, mt_ref[v] * tm, st_ref[g], en_ref[g], first_ref[v])
 
 
 def gmm_tpu(lhs_MK, rhs_GKN, group_sizes_G, *, preferred_element_type=jnp.float32,
@@ -96,13 +118,10 @@ def _tgmm_kernel(gid_ref, mt_ref, first_ref, st_ref, en_ref, lhs_ref, dy_ref, ze
                  *, tm, num_groups):
     del zeros_ref  # aliased to out: groups no visit touches (empty groups) keep its zeros
     v = pl.program_id(2)
-    nv = pl.num_programs(2)
     g = gid_ref[v]
-    gc = jnp.minimum(g, num_groups - 1)
-    g_prev = jnp.minimum(gid_ref[jnp.maximum(v - 1, 0)], num_groups - 1)
-    g_next = jnp.minimum(gid_ref[jnp.minimum(v + 1, nv - 1)], num_groups - 1)
+    first_of_group, last_of_group = _group_run_bounds(gid_ref, v, pl.num_programs(2), num_groups)
 
-    @pl.when((v == 0) | (gc != g_prev))
+    @pl.when(first_of_group)
     def _():
         acc_ref[...] = jnp.zeros_like(acc_ref)
 
@@ -116,7 +135,7 @@ def _tgmm_kernel(gid_ref, mt_ref, first_ref, st_ref, en_ref, lhs_ref, dy_ref, ze
         acc_ref[...] += jax.lax.dot_general(x, d, (((0,), (0,)), ((), ())),
                                             preferred_element_type=jnp.float32)
 
-    @pl.when((v == nv - 1) | (gc != g_next))
+    @pl.when(last_of_group)
     def _():
         out_ref[...] = acc_ref[...].astype(out_ref.dtype)
 
@@ -157,23 +176,6 @@ def tgmm_tpu(lhs_MK, dy_MN, group_sizes_G, *, preferred_element_type=jnp.float32
     return out[:, :k, :n]
 
 
-def _expand_rows(s_KBN, blk):
-    """[tk/blk, tn] block scales -> [tk, tn] by an exact 0/1 matmul (one nonzero per output)."""
-    kb = s_KBN.shape[0]
-    e = (jax.lax.div(jax.lax.broadcasted_iota(jnp.int32, (kb * blk, kb), 0), blk)
-         == jax.lax.broadcasted_iota(jnp.int32, (kb * blk, kb), 1)).astype(jnp.bfloat16)
-    return jnp.dot(e, s_KBN.astype(jnp.bfloat16), preferred_element_type=jnp.float32)
-
-
-def _expand_cols_t(s_KBM, blk):
-    """[tk/blk, tm] transposed block scales -> [tm, tk] by an exact 0/1 matmul."""
-    kb = s_KBM.shape[0]
-    e = (jax.lax.div(jax.lax.broadcasted_iota(jnp.int32, (kb, kb * blk), 1), blk)
-         == jax.lax.broadcasted_iota(jnp.int32, (kb, kb * blk), 0)).astype(jnp.bfloat16)
-    return jax.lax.dot_general(s_KBM.astype(jnp.bfloat16), e, (((0,), (0,)), ((), ())),
-                               preferred_element_type=jnp.float32)
-
-
 def _qgmm_kernel(gid_ref, mt_ref, first_ref, st_ref, en_ref, lhs_ref, ls_ref, rhs_ref, rs_ref, out_ref,
                  acc_ref, *, tm, nk, blk, code_scale):
     v = pl.program_id(1)
@@ -189,17 +191,14 @@ def _qgmm_kernel(gid_ref, mt_ref, first_ref, st_ref, en_ref, lhs_ref, ls_ref, rh
         x = lhs_ref[...].astype(jnp.float32)
         w = rhs_ref[...].astype(jnp.float32)
         if blk > 1:  # dequantize in VMEM: values x block scales, exact in bf16
-            x = x * (_expand_cols_t(ls_ref[...], blk) * code_scale)
-            w = w * (_expand_rows(rs_ref[...], blk) * code_scale)
+            x = x * (expand_cols_t(ls_ref[...], blk) * code_scale)
+            w = w * (expand_rows(rs_ref[...], blk) * code_scale)
         acc_ref[...] += jnp.dot(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16),
                                 preferred_element_type=jnp.float32)
 
     @pl.when(k == nk - 1)
     def _():
-        rows = mt_ref[v] * tm + jax.lax.broadcasted_iota(jnp.int32, acc_ref.shape, 0)
-        mask = (rows >= st_ref[g]) & (rows < en_ref[g])
-        prev = jnp.where(first_ref[v] == 1, 0.0, out_ref[...].astype(jnp.float32))
-        out_ref[...] = jnp.where(mask, acc_ref[...], prev).astype(out_ref.dtype)
+        _store_group_rows(out_ref, acc_ref, mt_ref[v] * tm, st_ref[g], en_ref[g], first_ref[v])
 
 
 def gmm_quantized_tpu(lhs_vals_MK, lhs_scales_KBM, rhs_vals_GKN, rhs_scales_GKBN, group_sizes_G, *, blk,
@@ -212,10 +211,7 @@ def gmm_quantized_tpu(lhs_vals_MK, lhs_scales_KBM, rhs_vals_GKN, rhs_scales_GKBN
     """
     m, k = lhs_vals_MK.shape
     g, _, n = rhs_vals_GKN.shape
-    tm, tk, tn = tiling
-    tm = min(tm, round_up(m, 32))
-    tk = pick_tile(k, tk, max(128, blk * 16))
-    tn = pick_tile(n, tn, 128)
+    tm, tk, tn = quantized_tiles(m, k, n, tiling, blk)
     m_pad, k_pad, n_pad = round_up(m, tm), round_up(k, tk), round_up(n, tn)
     kb = max(blk, 1)
     lhs = pad_axis(pad_axis(lhs_vals_MK, 0, m_pad), 1, k_pad)
@@ -260,28 +256,25 @@ def _qtgmm_kernel(gid_ref, mt_ref, first_ref, st_ref, en_ref, lhs_ref, ls_ref, d
                   out_ref, acc_ref, *, tm, num_groups, blk):
     del zeros_ref  # aliased to out: empty groups keep its zeros
     v = pl.program_id(2)
-    nv = pl.num_programs(2)
     g = gid_ref[v]
-    gc = jnp.minimum(g, num_groups - 1)
-    g_prev = jnp.minimum(gid_ref[jnp.maximum(v - 1, 0)], num_groups - 1)
-    g_next = jnp.minimum(gid_ref[jnp.minimum(v + 1, nv - 1)], num_groups - 1)
+    first_of_group, last_of_group = _group_run_bounds(gid_ref, v, pl.num_programs(2), num_groups)
 
-    @pl.when((v == 0) | (gc != g_prev))
+    @pl.when(first_of_group)
     def _():
         acc_ref[...] = jnp.zeros_like(acc_ref)
 
     @pl.when(st_ref[g] < en_ref[g])
     def _():
         row0 = mt_ref[v] * tm
-        x = lhs_ref[...].astype(jnp.float32) * _expand_rows(ls_ref[...], blk)
-        d = dy_ref[...].astype(jnp.float32) * _expand_rows(ds_ref[...], blk)
+        x = lhs_ref[...].astype(jnp.float32) * expand_rows(ls_ref[...], blk)
+        d = dy_ref[...].astype(jnp.float32) * expand_rows(ds_ref[...], blk)
         rx = row0 + jax.lax.broadcasted_iota(jnp.int32, x.shape, 0)
         ry = row0 + jax.lax.broadcasted_iota(jnp.int32, d.shape, 0)
         x = jnp.where((rx >= st_ref[g]) & (rx < en_ref[g]), x, 0.0).astype(jnp.bfloat16)
         d = jnp.where((ry >= st_ref[g]) & (ry < en_ref[g]), d, 0.0).astype(jnp.bfloat16)
         acc_ref[...] += jax.lax.dot_general(x, d, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
 
-    @pl.when((v == nv - 1) | (gc != g_next))
+    @pl.when(last_of_group)
     def _():
         out_ref[...] = acc_ref[...].astype(out_ref.dtype)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels._common import pad_axis, round_up
+from pallas_kernels._common import pad_axis, round_up, varying_zeros
 from pallas_kernels.gmm.metadata import make_visits
 
 
@@ -36,7 +36,7 @@ def gmm_xla(lhs_MK, rhs_GKN, group_sizes_G, *, preferred_element_type=jnp.float3
         new_TN = jnp.where(mask_T[:, None], y_TN, cur_TN)
         return jax.lax.dynamic_update_slice_in_dim(out_MN, new_TN, mt * tm, 0), None
 
-    out0 = jnp.zeros((m_pad, n), jnp.float32)
+    out0 = varying_zeros((m_pad, n), jnp.float32, lhs_MK, rhs_GKN, group_sizes_G)  # carry: shard_map-safe
     out, _ = jax.lax.scan(body, out0, (vis.gid_V, vis.mtile_V))
     return out[:m].astype(preferred_element_type)
 
@@ -63,6 +63,6 @@ def tgmm_xla(lhs_MK, dy_MN, group_sizes_G, *, preferred_element_type=jnp.float32
         gc = jnp.minimum(gid, g - 1)
         return acc_GKN.at[gc].add(upd_KN), None
 
-    acc0 = jnp.zeros((g, k, n), jnp.float32)
+    acc0 = varying_zeros((g, k, n), jnp.float32, lhs_MK, dy_MN, group_sizes_G)
     out, _ = jax.lax.scan(body, acc0, (vis.gid_V, vis.mtile_V))
     return out.astype(preferred_element_type)

@@ -16,8 +16,13 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from pallas_kernels import quant as Q
-from pallas_kernels._common import pad_axis, round_up
-from pallas_kernels.gmm.metadata import pick_tile
+from pallas_kernels._common import (
+    expand_cols_t,
+    expand_rows,
+    pad_axis,
+    quantized_tiles,
+    round_up,
+)
 from pallas_kernels.qmatmul.reference import (
     QuantizedWeight,
     block_of,
@@ -26,23 +31,6 @@ from pallas_kernels.qmatmul.reference import (
 
 DEFAULT_TILING = (256, 512, 512)  # (tm, tk, tn); untuned guesses until TPU time is available
 VMEM_LIMIT_BYTES = 32 * 1024 * 1024
-
-
-def _expand_rows(s_KBN, blk):
-    """[tk/blk, tn] -> [tk, tn] by an exact 0/1 matmul."""
-    kb = s_KBN.shape[0]
-    e = (jax.lax.div(jax.lax.broadcasted_iota(jnp.int32, (kb * blk, kb), 0), blk)
-         == jax.lax.broadcasted_iota(jnp.int32, (kb * blk, kb), 1)).astype(jnp.bfloat16)
-    return jnp.dot(e, s_KBN.astype(jnp.bfloat16), preferred_element_type=jnp.float32)
-
-
-def _expand_cols_t(s_KBM, blk):
-    """[tk/blk, tm] (transposed scales) -> [tm, tk] by an exact 0/1 matmul."""
-    kb = s_KBM.shape[0]
-    e = (jax.lax.div(jax.lax.broadcasted_iota(jnp.int32, (kb, kb * blk), 1), blk)
-         == jax.lax.broadcasted_iota(jnp.int32, (kb, kb * blk), 0)).astype(jnp.bfloat16)
-    return jax.lax.dot_general(s_KBM.astype(jnp.bfloat16), e, (((0,), (0,)), ((), ())),
-                               preferred_element_type=jnp.float32)
 
 
 def _kernel(*refs, quant, mode, nk, has_xs, has_ws, has_row, has_col, int_acc):
@@ -67,10 +55,10 @@ def _kernel(*refs, quant, mode, nk, has_xs, has_ws, has_row, has_col, int_acc):
     else:
         w = w_ref[...].astype(jnp.float32)
         if has_ws:
-            w = w * (_expand_rows(ws_ref[...], blk) * code_scale)
+            w = w * (expand_rows(ws_ref[...], blk) * code_scale)
         x = x_ref[...].astype(jnp.float32)
         if has_xs:
-            x = x * (_expand_cols_t(xs_ref[...], blk) * code_scale)
+            x = x * (expand_cols_t(xs_ref[...], blk) * code_scale)
         acc_ref[...] += jnp.dot(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16),
                                 preferred_element_type=jnp.float32)
 
@@ -95,10 +83,7 @@ def qmatmul_tpu(x_MK, w: QuantizedWeight, mode: str, *, preferred_element_type=j
     m, k = x_MK.shape
     n = w.values_KN.shape[1]
     blk = block_of(quant)
-    tm, tk, tn = tiling
-    tm = min(tm, round_up(m, 32))
-    tk = pick_tile(k, tk, max(128, blk * 16))
-    tn = pick_tile(n, tn, 128)
+    tm, tk, tn = quantized_tiles(m, k, n, tiling, blk)
     mp, kp, np_ = round_up(m, tm), round_up(k, tk), round_up(n, tn)
     args, specs = [], []
     row = None

@@ -1,6 +1,5 @@
 """Sharded forward on 8 fake CPU devices equals the single-device forward."""
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
