@@ -96,17 +96,14 @@ def _expert_ffn(x_MD, w_gate_EDF, w_up_EDF, w_down_EFD, group_sizes_E, gmm):
     return gmm(nn.silu(gate) * up, w_down_EFD, group_sizes_E)
 
 
-def _ragged_gmm(quant: str):
-    if quant == "none":
-        def gmm(lhs, rhs, gs):
-            return jax.lax.ragged_dot(lhs, rhs, gs.astype(jnp.int32), preferred_element_type=jnp.float32
-                                      ).astype(lhs.dtype)
-        return gmm
-    import pallas_kernels  # the dispatcher picks the backend kernel
+def _dispatcher_gmm(quant: str):
+    """Grouped matmul through the kernel dispatcher: Mosaic gmm/tgmm on TPU, the row-tiled XLA
+    fallback elsewhere (faster than ragged_dot's dense masked product on CPU)."""
+    import pallas_kernels
 
-    def qgmm(lhs, rhs, gs):
+    def gmm(lhs, rhs, gs):
         return pallas_kernels.gmm(lhs, rhs, gs.astype(jnp.int32), quant=quant).astype(lhs.dtype)
-    return qgmm
+    return gmm
 
 
 def sort_assignments(ids_TK, num_experts):
@@ -123,10 +120,21 @@ def grouped_dispatch(x_TD, ids_TK, weights_TK, w_gate, w_up, w_down, quant="none
     E = w_gate.shape[0]
     order_A, group_sizes_E = sort_assignments(ids_TK, E)
     x_AD = x_TD[order_A // K]
-    y_AD = _expert_ffn(x_AD, w_gate, w_up, w_down, group_sizes_E, gmm or _ragged_gmm(quant))
+    y_AD = _expert_ffn(x_AD, w_gate, w_up, w_down, group_sizes_E, gmm or _dispatcher_gmm(quant))
     y_TKD = jnp.zeros_like(y_AD).at[order_A].set(y_AD).reshape(T, K, -1)
     out = jnp.einsum("tkd,tk->td", y_TKD.astype(jnp.float32), weights_TK.astype(jnp.float32))
     return out.astype(x_TD.dtype), jnp.zeros((), jnp.float32)
+
+
+def gather_dispatch(x_TD, ids_TK, weights_TK, w_gate, w_up, w_down):
+    """Dropless, reading only the chosen experts' weights per token ([T, K, D, F] gathers). The
+    cheapest path when few tokens touch fewer than all experts (T * K < E: decode steps)."""
+    f32, dt = jnp.float32, x_TD.dtype
+    gate = jnp.einsum("td,tkdf->tkf", x_TD, w_gate[ids_TK], preferred_element_type=f32).astype(dt)
+    up = jnp.einsum("td,tkdf->tkf", x_TD, w_up[ids_TK], preferred_element_type=f32).astype(dt)
+    y_TKD = jnp.einsum("tkf,tkfd->tkd", nn.silu(gate) * up, w_down[ids_TK], preferred_element_type=f32)
+    out = jnp.einsum("tkd,tk->td", y_TKD, weights_TK.astype(f32))
+    return out.astype(dt), jnp.zeros((), f32)
 
 
 MIN_DROPLESS_CAPACITY = 64
@@ -271,6 +279,15 @@ def resolve_dispatch(m) -> str:
     return "capacity" if jax.default_backend() == "cpu" else "grouped"
 
 
+def make_dropless(m) -> None:
+    """Set model config m (in place) so MoE dispatch never drops an assignment: capacity dispatch
+    gets capacity = tokens (factor experts / top-k); grouped dispatch is dropless already. The
+    sampler and the RL learner both use this so they route exactly alike."""
+    if m.num_experts and resolve_dispatch(m) == "capacity":
+        m.moe_dispatch = "capacity"
+        m.capacity_factor = float(m.num_experts) / m.num_experts_per_tok
+
+
 class MoE(nn.Module):
     """Routed experts (+ shared experts). Returns (y_BLD, aux) with aux holding the chosen expert
     ids, per-expert load, auxiliary losses and the dropped fraction."""
@@ -307,6 +324,8 @@ class MoE(nn.Module):
                                                          weights_TK.reshape(B, L, K), w_gate, w_up, w_down, m,
                                                          ep_plan)
             y_TD = y_BLD.reshape(B * L, D)
+        elif m.quant == "none" and B * L * K < E:
+            y_TD, dropped = gather_dispatch(x_TD, ids_TK, weights_TK, w_gate, w_up, w_down)
         elif resolve_dispatch(m) == "grouped":
             y_TD, dropped = grouped_dispatch(x_TD, ids_TK, weights_TK, w_gate, w_up, w_down, m.quant)
         else:

@@ -25,7 +25,7 @@ import numpy as np
 import optax
 
 from c2jax.models import forward
-from c2jax.models.moe import resolve_dispatch
+from c2jax.models.moe import make_dropless
 from c2jax.models.transformer import layer_counts, model_cfg
 from c2jax.rl.advantages import apply_kl_penalty, broadcast_advantages
 from c2jax.rl.losses import _masked_p99, policy_loss
@@ -39,9 +39,7 @@ def learner_cfg(cfg) -> ml_collections.ConfigDict:
     cfg = ml_collections.ConfigDict(cfg.to_dict())
     m = cfg.model
     if m.num_experts:
-        if resolve_dispatch(m) == "capacity":
-            m.moe_dispatch = "capacity"
-            m.capacity_factor = float(m.num_experts) / m.num_experts_per_tok  # capacity = tokens: dropless
+        make_dropless(m)
         m.replay_threshold = float(cfg.rl.replay_threshold)
     return cfg
 

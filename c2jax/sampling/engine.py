@@ -42,7 +42,6 @@ import numpy as np
 
 from c2jax.models import transformer as tfm
 from c2jax.sampling import logits as lg
-from c2jax.sampling.moe_decode import gather_dispatch
 
 FINISH = {0: "", 1: "stop", 2: "length", 3: "max_len"}
 MAX_STOP_IDS = 8
@@ -120,11 +119,9 @@ def sampler_model_cfg(cfg, exact_moe: bool = True):
     row's output cannot depend on the other rows): capacity dispatch gets capacity_factor =
     experts / top-k (capacity = tokens), grouped dispatch is dropless already."""
     m = ml_collections.ConfigDict(tfm.model_cfg(cfg).to_dict())
-    if exact_moe and m.num_experts:
-        from c2jax.models.moe import resolve_dispatch
-        if resolve_dispatch(m) == "capacity":
-            m.moe_dispatch = "capacity"
-            m.capacity_factor = float(m.num_experts) / m.num_experts_per_tok
+    if exact_moe:
+        from c2jax.models.moe import make_dropless
+        make_dropless(m)
     return m
 
 
@@ -140,13 +137,12 @@ def _finish_codes(tok, ngen, pos_of_tok, max_new, stop, S):
 
 
 @functools.lru_cache(maxsize=32)
-def _kernels(model_json: str, S: int, B: int, moe_gather: bool = True):
+def _kernels(model_json: str, S: int, B: int):
     m = ml_collections.ConfigDict(json.loads(model_json))
     _, N = tfm.layer_counts(m)
 
     def model_step(params, tokens, positions, cache):
-        with gather_dispatch(moe_gather and N > 0):
-            return tfm.forward_with_cache(m, params, tokens, positions, cache)
+        return tfm.forward_with_cache(m, params, tokens, positions, cache)
 
     @functools.partial(jax.jit, donate_argnums=(1, 2), static_argnames=("use_filter",))
     def prefill(params, cache, state, tokens_bL, start_b, len_b, src_slot_b,
@@ -260,8 +256,7 @@ class Sampler:
         s.swap_params(new, version)   # in flight: takes effect at the next decode chunk
 
     Options: chunk (decode steps per on-device loop between host checks), exact_moe (no
-    token dropping: rows cannot influence each other), moe_gather (decode steps routing fewer
-    than E token-expert pairs read only the chosen experts, see moe_decode.py), cache_dtype,
+    token dropping: rows cannot influence each other), cache_dtype,
     speculative ("none"; MTP drafts not implemented). Quantized experts: set
     cfg.model.quant (int8/mxfp8/nvfp4); the model's grouped dispatch runs pallas_kernels.gmm.
 
@@ -270,7 +265,7 @@ class Sampler:
     """
 
     def __init__(self, cfg, params, max_batch: int = 8, max_len: int = 512, chunk: int = 32,
-                 version: int = 0, exact_moe: bool = True, moe_gather: bool = True, cache_dtype=None,
+                 version: int = 0, exact_moe: bool = True, cache_dtype=None,
                  speculative: str = "none"):
         if speculative != "none":
             raise NotImplementedError("speculative decoding (MTP drafts) is not implemented yet; use 'none'")
@@ -278,8 +273,7 @@ class Sampler:
             raise ValueError(f"Sampler needs max_batch >= 1 and max_len >= 2, got {max_batch}, {max_len}")
         self.model_cfg = sampler_model_cfg(cfg, exact_moe)
         self.B, self.S, self.chunk = int(max_batch), int(max_len), int(chunk)
-        self._prefill, self._decode, self.num_moe_layers = _kernels(self.model_cfg.to_json(), self.S, self.B,
-                                                                    bool(moe_gather))
+        self._prefill, self._decode, self.num_moe_layers = _kernels(self.model_cfg.to_json(), self.S, self.B)
         self.params = params
         self.version = int(version)
         self.cache = tfm.init_cache(self.model_cfg, self.B, self.S, cache_dtype)
