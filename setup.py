@@ -17,6 +17,7 @@ setup(
     extras_require={
         "tpu": ["jax[tpu]==0.12.0.1", "libtpu==0.0.51"],
         "gpu": ["jax[cuda12]==0.12.0.1"],
+        "ray": ["ray==2.60.0"],
         "dev": ["pytest==9.2.0", "hypothesis==6.170.15", "ruff==0.17.5"],
     },
     entry_points={"console_scripts": ["c2jax=c2jax.cli:main"]},

@@ -13,6 +13,7 @@ from c2jax.rl.losses import default_rl_loss_config, validate_rl_loss_config
 BACKENDS = ("threads", "ray")
 STALE_POLICIES = ("drop", "reweight", "keep")
 ENVS = ("harness", "toy")
+SUMMARY_METHODS = ("none", "self", "prompt", "truncate")  # c2jax.agent.summarize.METHODS
 
 
 def rl_defaults() -> ml_collections.ConfigDict:
@@ -39,6 +40,12 @@ def rl_defaults() -> ml_collections.ConfigDict:
     c.env_workers = 8  # concurrent episodes (threads)
     c.sampler_slots = 8  # sampler cache slots (concurrent sequences)
     c.sampler_chunk = 16  # decode steps per on-device loop
+    # --- self-summarization (harness env; c2jax.agent.summarize, c2jax.rl.chains) ---
+    c.summary_method = "none"  # "none" (full context) | "self" | "prompt" (compaction call) | "truncate"
+    c.summary_trigger_tokens = 512  # compact when the current segment holds this many tokens
+    c.context_window = 0  # tokens one segment may hold (sampler max_len = this + 1); 0 = max_total_tokens
+    c.max_summaries = 4  # compactions per episode (then the context grows until the window ends it)
+    c.max_summary_tokens = 128  # generated tokens per summary (thinking included)
     c.curriculum_strength = 0.0  # later in training upsample harder suites by (1 + s * progress * hardness)
     # --- learner ---
     c.router_replay = True  # force the sampler's recorded experts (gate scores still from the learner)
@@ -58,9 +65,16 @@ def rl_defaults() -> ml_collections.ConfigDict:
     c.eval_temperature = 1.0  # sampling temperature of the eval attempts
     c.worker_restarts = 100  # give up after this many sampler/env worker restarts
     c.backend = "threads"  # "threads" (one process) | "ray" (actors; needs `pip install ray`)
+    c.ray_address = ""  # backend=ray: a cluster to join ("auto", "ray://host:10001", ...); "" = start a local one
+    c.ray_num_cpus = 2  # CPUs of the local cluster (ray_address ""); the learner and each sampler take 1
+    c.ray_samplers = 1  # sampler actors (each a SamplerService; an episode's group is pinned to one)
+    c.ray_env_actors = 2  # environment-worker actors (rl.env_workers concurrent episodes spread over them)
+    c.ray_learner_gpus = 0.0  # GPUs reserved by the learner actor
+    c.ray_sampler_gpus = 0.0  # GPUs reserved by each sampler actor
     c.toy_target = 7  # toy env: the rewarded token id
     c.toy_prompt_len = 8  # toy env: prompt length
     c.toy_latency_s = 0.0  # toy env: seconds of simulated tool / VM latency per episode (benchmarks)
+    c.toy_latency_sigma = 0.0  # toy env: > 0 draws the latency lognormal (mean toy_latency_s, this log-std)
     return c
 
 
@@ -84,6 +98,7 @@ def validate_rl(r, model=None) -> None:
         raise ConfigError(f"rl.staleness must be >= 0 (0 = synchronous), got {r.staleness}")
     if r.backend not in BACKENDS:
         raise ConfigError(f"rl.backend must be one of {BACKENDS}, got {r.backend!r}")
+    _validate_ray(r, ConfigError)
     if r.stale_policy not in STALE_POLICIES:
         raise ConfigError(f"rl.stale_policy must be one of {STALE_POLICIES}, got {r.stale_policy!r}")
     if r.env not in ENVS:
@@ -98,7 +113,60 @@ def validate_rl(r, model=None) -> None:
         raise ConfigError("rl.suites is empty; name at least one task suite (e.g. 'synthetic:1')")
     if r.sampler_slots < r.group_size and r.env == "toy":
         raise ConfigError(f"rl.sampler_slots={r.sampler_slots} must be >= rl.group_size={r.group_size}")
+    if r.toy_latency_s < 0 or r.toy_latency_sigma < 0:
+        raise ConfigError("rl.toy_latency_s and rl.toy_latency_sigma must be >= 0")
     if r.replay_threshold < 0:
         raise ConfigError("rl.replay_threshold must be >= 0 (0 = never replace replayed experts)")
-    if model is not None and r.max_total_tokens + 1 > model.max_position_embeddings:
-        raise ConfigError(f"rl.max_total_tokens={r.max_total_tokens} exceeds model.max_position_embeddings")
+    _validate_summary(r, model, ConfigError)
+    if model is not None and context_window(r) + 1 > model.max_position_embeddings:
+        name = "context_window" if r.context_window else "max_total_tokens"
+        raise ConfigError(f"rl.{name}={context_window(r)} exceeds model.max_position_embeddings"
+                          f"={model.max_position_embeddings} (the sampler needs {name} + 1 positions)")
+
+
+def _validate_ray(r, ConfigError) -> None:
+    for key in ("ray_samplers", "ray_env_actors", "ray_num_cpus"):
+        if int(r[key]) < 1:
+            raise ConfigError(f"rl.{key} must be >= 1, got {r[key]}")
+    for key in ("ray_learner_gpus", "ray_sampler_gpus"):
+        if float(r[key]) < 0:
+            raise ConfigError(f"rl.{key} must be >= 0, got {r[key]}")
+    if not isinstance(r.ray_address, str):
+        raise ConfigError(f"rl.ray_address must be a string (\"\" = a local cluster), got {r.ray_address!r}")
+    if r.backend == "ray" and not r.ray_address and r.ray_num_cpus < 1 + r.ray_samplers:
+        raise ConfigError(f"rl.ray_num_cpus={r.ray_num_cpus} cannot hold the learner and rl.ray_samplers="
+                          f"{r.ray_samplers} sampler actors (1 CPU each): raise it to {1 + r.ray_samplers}")
+
+
+def context_window(r) -> int:
+    """Tokens one generation's context may hold: rl.context_window, else rl.max_total_tokens."""
+    return int(r.context_window or r.max_total_tokens)
+
+
+def summaries_on(r) -> bool:
+    return r.env == "harness" and r.summary_method != "none"
+
+
+def _validate_summary(r, model, ConfigError) -> None:
+    if r.summary_method not in SUMMARY_METHODS:
+        raise ConfigError(f"rl.summary_method must be one of {SUMMARY_METHODS}, got {r.summary_method!r}")
+    if r.context_window < 0:
+        raise ConfigError(f"rl.context_window must be >= 0 (0 = rl.max_total_tokens), got {r.context_window}")
+    if r.context_window > r.max_total_tokens:
+        raise ConfigError(f"rl.context_window={r.context_window} exceeds rl.max_total_tokens={r.max_total_tokens} "
+                          "(the budget of the whole chain)")
+    if r.summary_method == "none":
+        return
+    if r.env != "harness":
+        raise ConfigError(f"rl.summary_method={r.summary_method!r} needs rl.env='harness' (got {r.env!r})")
+    for key in ("summary_trigger_tokens", "max_summaries", "max_summary_tokens"):
+        if int(r[key]) < 1:
+            raise ConfigError(f"rl.{key} must be >= 1 with rl.summary_method={r.summary_method!r}, got {r[key]}")
+    w = context_window(r)
+    if r.summary_trigger_tokens >= w:
+        raise ConfigError(f"rl.summary_trigger_tokens={r.summary_trigger_tokens} must be < the context window "
+                          f"({w}; rl.context_window, else rl.max_total_tokens): the summary is written in the room "
+                          "above the trigger")
+    if r.sampler_slots < r.env_workers:
+        raise ConfigError(f"rl.sampler_slots={r.sampler_slots} must be >= rl.env_workers={r.env_workers} with "
+                          "summaries on: each episode keeps its cache slot so the summary decodes on the live cache")

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from c2jax.rl.advantages import group_advantages
+from c2jax.rl.chains import groups_to_sequences
 from c2jax.rl.config import rl_defaults, validate_rl
 from c2jax.rl.learner import Learner
 from c2jax.rl.orchestrator import Orchestrator, PromptSource
@@ -97,6 +97,76 @@ def _stale_weights(groups, version, r):
     return keep, weights, stale
 
 
+class LearnerHost:
+    """The learner side of a run (in this process, or inside the Ray learner actor): the Learner,
+    its checkpoints (the latest restored on start) and a WeightPublisher (into publish_dir for
+    other processes; None: sizes measured only)."""
+
+    def __init__(self, cfg, workdir: str, publish_dir: str | None = None):
+        from c2jax.train.checkpoint import Checkpointer, abstract_like
+        r = cfg.rl
+        self.learner = Learner(cfg, _initial_params(cfg), seed=cfg.seed)
+        self.ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), r.checkpoint_every, r.keep_checkpoints,
+                                 async_save=True)  # finalized atomically: a crash mid-save restores the previous step
+        self.start_step, self.consumed, self.dropped = 0, [], []
+        if self.ckpt.latest_step() is not None:
+            state, data, _ = self.ckpt.restore(None, abstract_like(self.learner.state))
+            self.learner.state = state
+            self.consumed, self.dropped = sorted(data.get("consumed", [])), list(data.get("dropped", []))
+            self.start_step = int(state["step"])
+        self.publisher = WeightPublisher(publish_dir, r.delta_full_every, r.sync_dtype, keep=2 if publish_dir else 0)
+
+    def sampler_params(self):
+        """A copy of the params in rl.sync_dtype (the learner's state is donated at every step)."""
+        return self.publisher.cast(jax.tree.map(jnp.copy, self.learner.params))
+
+    def step(self, trajs, adv_B, w_B) -> dict:
+        return self.learner.step(trajs, adv_B, w_B)
+
+    def save(self, step: int, data: dict, meta: dict, force: bool = False) -> None:
+        self.ckpt.save(step, self.learner.state, data, meta, force=force)
+
+    def publish(self, step: int) -> dict:
+        return self.publisher.publish(step, self.learner.params)
+
+    def close(self) -> None:
+        self.ckpt.close()
+
+
+class LocalRuntime:
+    """The threads backend: a LearnerHost and a SamplerService in this process (environment
+    workers are the orchestrator's threads). c2jax.rl.ray_backend.RayRuntime: the same as actors."""
+
+    def __init__(self, cfg, workdir: str):
+        r = cfg.rl
+        self.env = make_env(cfg, workdir)
+        self.host = h = LearnerHost(cfg, workdir)
+        self.start_step, self.consumed, self.dropped = h.start_step, h.consumed, h.dropped
+        self.service = SamplerService(h.learner.cfg, h.sampler_params(), h.start_step, r.sampler_slots,
+                                      self.env.max_len(), r.sampler_chunk)
+        if r.log_delta:
+            h.publish(h.start_step)
+
+    def learn(self, trajs, adv_B, w_B) -> dict:
+        return self.host.step(trajs, adv_B, w_B)
+
+    def save(self, step: int, data: dict, meta: dict, force: bool = False) -> None:
+        self.host.save(step, data, meta, force)
+
+    def swap(self, step: int) -> None:
+        """In-flight update of the sampler to the learner's current params."""
+        self.service.swap(self.host.sampler_params(), step)
+
+    def publish_stats(self, step: int) -> dict:
+        return self.host.publish(step)
+
+    def close(self) -> None:
+        try:
+            self.service.stop()
+        finally:
+            self.host.close()
+
+
 def run_rl(cfg, workdir: str, *, hooks=None) -> dict:
     """Run (or resume) RL into workdir. Returns the summary (also written to summary.json).
 
@@ -109,38 +179,23 @@ def run_rl(cfg, workdir: str, *, hooks=None) -> dict:
     os.makedirs(workdir, exist_ok=True)
     with open(os.path.join(workdir, "config.json"), "w") as f:
         f.write(cfg.to_json_best_effort(indent=2))
-    if r.backend == "ray":
-        from c2jax.rl.ray_backend import run_rl_ray
-        return run_rl_ray(cfg, workdir)
-
-    from c2jax.train.checkpoint import Checkpointer, abstract_like
     from c2jax.train.metrics import MetricsWriter
 
-    env = make_env(cfg, workdir)
-    params0 = _initial_params(cfg)
-    learner = Learner(cfg, params0, seed=cfg.seed)
-    ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), r.checkpoint_every, r.keep_checkpoints,
-                        async_save=True)  # finalized atomically: a crash mid-save restores the previous step
-    consumed: set[int] = set()
-    dropped: list[int] = []
-    step = 0
-    if ckpt.latest_step() is not None:
-        state, data, _ = ckpt.restore(None, abstract_like(learner.state))
-        learner.state = state
-        consumed, dropped = set(data.get("consumed", [])), list(data.get("dropped", []))
-        step = int(state["step"])
+    if r.backend == "ray":  # learner, samplers and env workers as Ray actors; the driver below is shared
+        from c2jax.rl.ray_backend import RayRuntime
+        rt = RayRuntime(cfg, workdir)
+    else:
+        rt = LocalRuntime(cfg, workdir)
+    env, service = rt.env, rt.service
+    step, consumed, dropped = rt.start_step, set(rt.consumed), list(rt.dropped)
+    if step:
         log.info("resumed RL from step %d (%d groups consumed)", step, len(consumed))
     store = GroupStore(os.path.join(workdir, "groups"))
     total = r.steps * r.prompts_per_step
     n_tasks = r.num_train_tasks or 2 * total
     source = PromptSource(env, r, cfg.seed, n_tasks, store)
-    publisher = WeightPublisher(None, r.delta_full_every, r.sync_dtype)
-    sampler_params = publisher.cast(jax.tree.map(jnp.copy, learner.params))
-    service = SamplerService(learner.cfg, sampler_params, step, r.sampler_slots, env.max_len(), r.sampler_chunk)
     orch = Orchestrator(r, env, service, store, source, version=step, consumed=consumed, seed=cfg.seed,
                         total_groups=total + len(dropped))
-    if r.log_delta:
-        publisher.publish(step, learner.params)
     writer = MetricsWriter(workdir)
     eval_suites = list(r.eval_suites or r.suites)
     heldout = []
@@ -182,21 +237,21 @@ def run_rl(cfg, workdir: str, *, hooks=None) -> dict:
                 keep, weights, stale = keep + k2, weights + w2, stale + s2
                 groups = groups + more
             rewards = np.asarray([g.rewards for g in keep], np.float32)         # [P, G]
-            adv = np.asarray(group_advantages(rewards, r.std_normalize, r.std_eps)).reshape(-1)
-            trajs = [t for g in keep for t in g.trajectories]
-            w_B = np.repeat(np.asarray(weights, np.float32), r.group_size)
+            # one sequence per trajectory; a self-summarized chain -> one per segment, all with
+            # the chain's advantage (the group mean counts each chain once)
+            trajs, adv, w_B, chains = groups_to_sequences(keep, weights, r.std_normalize, r.std_eps)
+            finals = [c[-1] for c in chains]  # one per attempt: its stats / reward terms cover the episode
             t0 = time.monotonic()
-            m = learner.step(trajs, adv, w_B)
+            m = rt.learn(trajs, adv, w_B)
             learn_s = time.monotonic() - t0
             step += 1
             orch.mark_consumed([g.index for g in groups])
-            ckpt.save(step, learner.state, {"consumed": sorted(orch.consumed), "dropped": dropped},
-                      {"step": step, "trained_groups": [g.index for g in keep]}, force=step == r.steps)
-            sampler_params = publisher.cast(jax.tree.map(jnp.copy, learner.params))
-            service.swap(sampler_params, step)  # in flight
+            rt.save(step, {"consumed": sorted(orch.consumed), "dropped": dropped},
+                    {"step": step, "trained_groups": [g.index for g in keep]}, force=step == r.steps)
+            rt.swap(step)  # in flight
             orch.set_version(step)
             if r.log_delta:
-                m.update(publisher.publish(step, learner.params))
+                m.update(rt.publish_stats(step))
             # ---- metrics
             now = time.monotonic()
             idle1, busy1 = service.counters()
@@ -209,7 +264,7 @@ def run_rl(cfg, workdir: str, *, hooks=None) -> dict:
             m["reward"] = float(rewards.mean())
             m["pass_rate"] = float(np.mean([p for g in keep for p in g.passed]))
             terms = {}
-            for t in trajs:
+            for t in finals:
                 for k, v in t.reward_terms.items():
                     terms.setdefault(k, []).append(float(v))
             for k, v in terms.items():
@@ -223,7 +278,10 @@ def run_rl(cfg, workdir: str, *, hooks=None) -> dict:
             m["env_worker_restarts"] = orch.env_restarts
             m["groups_trained"] = len(keep)
             m["trained_groups"] = [g.index for g in keep]
-            m["turns_mean"] = float(np.mean([t.stats.get("turns", 1) for t in trajs]))
+            m["turns_mean"] = float(np.mean([t.stats.get("turns", 1) for t in finals]))
+            if r.summary_method != "none":
+                m["sequences_per_chain"] = len(trajs) / len(chains)
+                m["summaries_mean"] = float(np.mean([t.stats.get("summaries", 0) for t in finals]))
             writer.write(step, m)
             log.info("rl step %d/%d reward %.3f pass %.2f staleness %.2f idle %.2f", step, r.steps, m["reward"],
                      m["pass_rate"], m["staleness_mean"], m["sampler_idle_fraction"])
@@ -240,8 +298,7 @@ def run_rl(cfg, workdir: str, *, hooks=None) -> dict:
                        sampler_idle_fraction=service.idle_fraction())
     finally:
         orch.stop()
-        service.stop()
-        ckpt.close()
+        rt.close()
         writer.close()
     with open(os.path.join(workdir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2, default=float)
