@@ -202,7 +202,9 @@ def test_dispatch_paths_and_remat_agree(attention):
     ids = a_aux["expert_ids"]
     (la, (ga_logits, _)), ga = grad_fn(grouped)(params, tokens, targets, ids)
     (lb, (gb_logits, _)), gb = grad_fn(capacity_remat)(params, tokens, targets, ids)
-    np.testing.assert_allclose(np.asarray(ga_logits), np.asarray(a_logits), atol=1e-6, rtol=0)
+    # a different compiled program (value_and_grad vs forward) may fuse the per-block softmax of
+    # the causal block attention differently: a few float32 ulps after the layers
+    np.testing.assert_allclose(np.asarray(ga_logits), np.asarray(a_logits), atol=2e-6, rtol=0)
     np.testing.assert_allclose(np.asarray(gb_logits), np.asarray(a_logits), atol=1e-5, rtol=0)
     np.testing.assert_allclose(float(la), float(lb), atol=1e-6)
     assert all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves((ga, gb)))
