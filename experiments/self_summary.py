@@ -16,14 +16,26 @@ Policies:
   default      LongHorizonPolicy: deterministic scripted agent that decides only from its
                current context and writes real summaries (byte tokenizer: tokens = bytes).
   --model-run  a trained run dir (e.g. runs/demo/sft): its tokenizer + params through
-               c2jax.pipeline.model_policy_factory (sampler max_len = window + 1). Triggers and
-               window are then in that tokenizer's tokens.
-  --rl         before evaluating, an RL phase with self-summarization (c2jax.rl.loop.run_rl on
-               configs/rl_tiny.py, init from --model-run); runs only when the RL config has the
-               self-summary fields (rl.summary_trigger_tokens), otherwise says so and skips.
+               c2jax.pipeline.model_policy_factory (one sampler, max_len = full window + 1; the
+               window of each method is the runner's max_context_tokens). Tokens are that
+               tokenizer's.
+  --train      trains the tiny model with self-summarization, then evaluates it (outputs under
+               OUT/trained, checkpoints under --workdir, default runs/self_summary):
+                 1. CPT of configs/tiny.py on the stdlib corpus (or --init-from a CPT run dir)
+                 2. SFT (train.stage="sft") on the scripted agent's self-summarizing chains on
+                    train-split long_horizon_small tasks, half at each trigger, one JSONL record
+                    per segment (c2jax.agent.summarize.write_chain_transcripts)
+                 3. RL (c2jax.rl.loop.run_rl) with rl.summary_method="self" at the small trigger
+                 4. the eight-method comparison on held-out tasks with the RL model
+               Sizes (BPE tokens of the CPT tokenizer): 5 modules x 200 chars (full episode
+               ~1.9k tokens), window 1536, triggers 768 / 384, full reference 2047 (the model's
+               positions). --quick: a few-minute version (fewer steps and tasks).
+
+Metrics add "value recall": the fraction of LEGACY values right in the final registry.py
+(partial credit; 1.0 when an episode passes).
 
 Run: JAX_PLATFORMS=cpu python experiments/self_summary.py [--n-tasks 20] [--triggers 4096 2048]
-     [--window 8192] [--model-run runs/demo/sft] [--out experiments/results/self_summary]
+     [--window 8192] [--model-run runs/demo/sft | --train [--quick]] [--out DIR]
 Writes OUT/table.md, OUT/results.json (per episode rows too) and OUT/self_summary.png.
 """
 from __future__ import annotations
@@ -45,8 +57,8 @@ from c2jax.tasks import long_horizon as lh  # noqa: E402
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "self_summary")
 
 
-def methods(triggers, window):
-    rows = [("full", "none", None, None), (f"full@{window}", "none", None, window)]
+def methods(triggers, window, full_window=None):
+    rows = [("full", "none", None, full_window), (f"full@{window}", "none", None, window)]
     for t in triggers:
         for m in ("self", "prompt", "truncate"):
             rows.append((f"{m}@{t}", m, t, window))
@@ -58,13 +70,19 @@ def run_method(tasks, policy_factory, tokenizer, sandbox, base: EpisodeConfig, m
     cfg = sm.summary_episode_config(dataclasses.replace(base, max_context_tokens=window),
                                     sm.SummaryConfig(method, trigger_tokens=trigger or 1, max_summaries=max_summaries,
                                                      max_summary_tokens=max_summary_tokens))
+    cfg = dataclasses.replace(cfg, keep_workspace=True)
     rows = []
     for task in tasks:
         meter = sm.PrefillMeter(policy_factory(task), slots=2)
         t0 = time.monotonic()
         res = run_episode(task, meter, tokenizer, sandbox, cfg)
+        try:
+            recall = registry_recall(task, res.workspace.path) if res.workspace is not None else 0.0
+        finally:
+            if res.workspace is not None:
+                res.workspace.cleanup()
         s = res.stats
-        rows.append({"task_id": task.task_id, "passed": bool(res.grade and res.grade.passed),
+        rows.append({"task_id": task.task_id, "passed": bool(res.grade and res.grade.passed), "recall": recall,
                      "finish_reason": s["finish_reason"], "turns": s["turns"], "segments": len(res.segments),
                      "summaries": s.get("summaries", 0), "truncations": s.get("truncations", 0),
                      "summary_tokens": s.get("summary_tokens", 0),
@@ -75,10 +93,25 @@ def run_method(tasks, policy_factory, tokenizer, sandbox, base: EpisodeConfig, m
     return rows
 
 
+def registry_recall(task, root: str) -> float:
+    """Fraction of the task's LEGACY constants whose value appears right in the final registry.py
+    (partial credit for a weak model; 1.0 when the task passes)."""
+    import re
+    try:
+        with open(os.path.join(root, "registry.py")) as f:
+            text = f.read()
+    except OSError:
+        return 0.0
+    facts = task.metadata["facts"]
+    got = {k: int(v) for k, v in re.findall(r"['\"](LEGACY_[A-Z0-9_]+)['\"]\s*:\s*(-?\d+)", text)}
+    return sum(got.get(k) == v for k, v in facts.items()) / len(facts)
+
+
 def aggregate(rows: list[dict]) -> dict:
     n = len(rows)
     summ = sum(r["summaries"] for r in rows)
     return {"n": n, "success": sum(r["passed"] for r in rows) / n,
+            "recall": sum(r.get("recall", 0.0) for r in rows) / n,
             "summaries_per_episode": summ / n,
             "compactions_per_episode": sum(r["summaries"] + r["truncations"] for r in rows) / n,
             "summary_tokens_per_summary": (sum(r["summary_tokens"] for r in rows) / summ) if summ else 0.0,
@@ -94,11 +127,12 @@ def aggregate(rows: list[dict]) -> dict:
 
 def table(results: dict) -> str:
     ref = results["full"]["success"]
-    lines = ["| method | success | compaction error | compactions / ep | summary tokens / summary | "
+    lines = ["| method | success | compaction error | value recall | compactions / ep | summary tokens / summary | "
              "summary tokens / ep | prefill tokens / ep | prefill per summary call | turns | max segment | "
-             "finish reasons |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "finish reasons |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, a in results.items():
-        lines.append(f"| {name} | {a['success']:.2f} | {ref - a['success']:+.2f} | {a['compactions_per_episode']:.1f} | "
+        lines.append(f"| {name} | {a['success']:.2f} | {ref - a['success']:+.2f} | {a.get('recall', 0.0):.2f} | "
+                     f"{a['compactions_per_episode']:.1f} | "
                      f"{a['summary_tokens_per_summary']:.0f} | {a['summary_tokens_per_episode']:.0f} | "
                      f"{a['prefill_tokens_per_episode']:.0f} | {a['summary_prefill_per_summary']:.0f} | "
                      f"{a['turns']:.1f} | {a['max_segment_tokens']} | "
@@ -126,30 +160,89 @@ def plot(results: dict, path: str, title: str) -> None:
     fig.savefig(path, dpi=120)
 
 
-def maybe_rl(args) -> str | None:
-    """Optional RL phase; returns the RL run dir to evaluate, or None (skipped, with the reason)."""
-    try:
-        from c2jax.config import load_config
-        from c2jax.rl.config import rl_defaults
+SYSTEM_PROMPT = "You are a coding agent. Use the tools; answer briefly when done."
+
+
+def train_pipeline(args) -> dict:
+    """CPT (or --init-from) -> SFT on scripted self-summarizing transcripts (or --sft-from) ->
+    RL with rl.summary_method="self". Returns {"sft": dir, "rl": dir or None, "stats": {...}}."""
+    out = args.workdir
+    os.makedirs(out, exist_ok=True)
+    stats, t0 = {}, time.time()
+    sft_dir = args.sft_from or _cpt_and_sft(args, out, stats, t0)
+    stats["sft_dir"] = sft_dir
+    rl_dir = _rl(args, out, sft_dir, stats, t0)
+    stats["train_s"] = time.time() - t0
+    return {"sft": sft_dir, "rl": rl_dir, "stats": stats}
+
+
+def _cpt_and_sft(args, out, stats, t0) -> str:
+    from c2jax.agent.sandbox import Sandbox
+    from c2jax.config import load_config
+    from c2jax.data.tokenizer import Tokenizer
+    from c2jax.train.loop import run_training
+    q = args.quick
+    cpt_dir = args.init_from
+    if not cpt_dir:
+        cpt_dir = os.path.join(out, "cpt")
+        run_training(load_config("configs/stages/cpt.py:tiny", [f"--config.train.steps={40 if q else 150}",
+                                                                "--config.train.eval_every=0"]), cpt_dir)
+    stats["cpt_s"] = time.time() - t0
+    tokenizer = Tokenizer.load(cpt_dir)
+    # SFT data: the scripted agent's self-summarizing chains at both triggers, one record per segment
+    tasks = lh.load("train", args.sft_tasks or (24 if q else 96), args.seed, n_files=args.n_files,
+                    file_chars=args.file_chars)
+    path = os.path.join(out, "sft_transcripts.jsonl")
+    base = EpisodeConfig(max_turns=args.max_turns, max_new_tokens=args.max_summary_tokens, max_total_tokens=20_000,
+                         list_tools_in_system=False, system_prompt=SYSTEM_PROMPT, max_context_tokens=args.window)
+    stats["transcripts"] = {}
+    half = len(tasks) // 2
+    with open(path, "w"):
+        pass
+    for trig, part in ((args.triggers[0], tasks[:half]), (args.triggers[1], tasks[half:])):
+        cfg = sm.summary_episode_config(base, sm.SummaryConfig("self", trigger_tokens=trig, max_summaries=args.max_summaries,
+                                                               max_summary_tokens=args.max_summary_tokens))
+        tmp = path + f".{trig}"
+        stats["transcripts"][trig] = sm.write_chain_transcripts(part, lh.make_long_horizon_policy, tokenizer, tmp, cfg,
+                                                                Sandbox())
+        with open(path, "a") as f, open(tmp) as g:
+            f.write(g.read())
+        os.remove(tmp)
+    stats["transcripts_s"] = time.time() - t0
+    sft_dir = os.path.join(out, "sft")
+    run_training(load_config("configs/stages/sft.py:tiny", [
+        f"--config.train.init_from={cpt_dir}", f"--config.data.sft_path={path}",
+        f"--config.train.seq_len={args.window}", "--config.train.batch_size=4",
+        f"--config.train.steps={args.sft_steps or (40 if q else 160)}", "--config.train.lr=2e-3",
+        "--config.train.eval_every=0", "--config.train.checkpoint_every=1000"]), sft_dir)
+    stats["sft_s"] = time.time() - t0
+    return sft_dir
+
+
+def _rl(args, out, sft_dir, stats, t0):
+    from c2jax.config import load_config
+    q = args.quick
+    rl_dir = None
+    rl_steps = args.rl_steps if args.rl_steps is not None else (2 if q else 6)
+    if rl_steps > 0:
         from c2jax.rl.loop import run_rl
-    except ImportError as e:
-        print(f"RL phase skipped: c2jax.rl.loop.run_rl is not importable ({e})")
-        return None
-    if "summary_trigger_tokens" not in rl_defaults():
-        print("RL phase skipped: the RL config has no self-summary fields yet (rl.summary_trigger_tokens, "
-              "rl.summary_method, rl.context_window); see c2jax/rl/chains.py for what the RL side must call")
-        return None
-    if not args.model_run:
-        print("RL phase skipped: --rl needs --model-run (the SFT run to start from)")
-        return None
-    workdir = os.path.join(args.out, "rl_run")
-    cfg = load_config("configs/rl_tiny.py", [f"--config.train.init_from={args.model_run}",
-                                             "--config.rl.suites=('long_horizon',)",
-                                             "--config.rl.summary_method=self",
-                                             f"--config.rl.summary_trigger_tokens={args.triggers[0]}",
-                                             f"--config.rl.context_window={args.window}", *args.rl_override])
-    run_rl(cfg, workdir)
-    return workdir
+        rl_dir = os.path.join(out, "rl")
+        cfg = load_config("configs/rl_tiny.py", [
+            f"--config.train.init_from={sft_dir}", "--config.rl.suites=('long_horizon_small',)",
+            f"--config.rl.steps={rl_steps}", "--config.rl.group_size=4", f"--config.rl.prompts_per_step={1 if q else 2}",
+            f"--config.rl.system_prompt={SYSTEM_PROMPT}", "--config.rl.summary_method=self",
+            f"--config.rl.summary_trigger_tokens={args.triggers[1]}", f"--config.rl.context_window={args.window}",
+            f"--config.rl.max_total_tokens={4 * args.window}", f"--config.rl.max_turns={args.max_turns}",
+            f"--config.rl.max_new_tokens={args.max_new_tokens}", f"--config.rl.max_summaries={args.max_summaries}",
+            f"--config.rl.max_summary_tokens={args.max_summary_tokens}", "--config.rl.env_workers=4",
+            "--config.rl.sampler_slots=4", f"--config.rl.constant_normalizer_len={args.window}",
+            "--config.rl.eval_every=-1", "--config.rl.staleness=0", "--config.rl.length_bucket=256",
+            *args.rl_override])
+        stats["rl_summary"] = run_rl(cfg, rl_dir)
+        from c2jax.train.metrics import read_metrics
+        stats["rl_metrics"] = [{k: v for k, v in m.items() if not isinstance(v, list)}
+                               for m in read_metrics(rl_dir) if "reward" in m]
+    return rl_dir
 
 
 def main(argv=None):
@@ -165,10 +258,28 @@ def main(argv=None):
     ap.add_argument("--max-turns", type=int, default=60)
     ap.add_argument("--model-run", default=None)
     ap.add_argument("--temperature", type=float, default=0.0)
-    ap.add_argument("--rl", action="store_true")
+    ap.add_argument("--train", action="store_true", help="train the tiny model (CPT/SFT/RL) and evaluate it")
+    ap.add_argument("--quick", action="store_true", help="with --train: a few-minute version")
+    ap.add_argument("--init-from", default=None, help="with --train: a CPT run dir to start from (skips CPT)")
+    ap.add_argument("--sft-from", default=None, help="with --train: an SFT run dir (skips CPT and SFT)")
+    ap.add_argument("--sft-tasks", type=int, default=0)
+    ap.add_argument("--sft-steps", type=int, default=0)
+    ap.add_argument("--rl-steps", type=int, default=None)
+    ap.add_argument("--max-new-tokens", type=int, default=256)
+    ap.add_argument("--full-window", type=int, default=None, help="context of the 'full' reference (None: unbounded)")
+    ap.add_argument("--workdir", default="runs/self_summary", help="with --train: checkpoints and SFT data")
     ap.add_argument("--rl-override", nargs="*", default=[])
     ap.add_argument("--out", default=OUT)
     args = ap.parse_args(argv)
+    if args.train:  # the tiny model's sizes (BPE tokens): full episodes ~1.9k tokens, window 1536
+        for k, v in {"n_files": (10, 5), "file_chars": (900, 200), "triggers": ([4096, 2048], [768, 384]),
+                     "window": (8192, 1536), "max_summaries": (16, 8), "max_summary_tokens": (2048, 256),
+                     "max_turns": (60, 14), "full_window": (None, 2047),
+                     "n_tasks": (20, 6 if args.quick else 16)}.items():
+            if getattr(args, k) == v[0]:
+                setattr(args, k, v[1])
+        if args.out == OUT:
+            args.out = os.path.join(OUT, "trained")
     if args.triggers[0] != 2 * args.triggers[1]:
         print(f"note: triggers {args.triggers} are not in a 2:1 ratio")
     os.makedirs(args.out, exist_ok=True)
@@ -179,8 +290,10 @@ def main(argv=None):
                          list_tools_in_system=False, max_tool_output_chars=4000)
     tokenizer, policy_name = None, "scripted LongHorizonPolicy (byte tokens)"
     factory = lh.make_long_horizon_policy
-    run_dir = maybe_rl(args) if args.rl else None
-    model_run = run_dir or args.model_run
+    trained = train_pipeline(args) if args.train else None
+    model_run = (trained["rl"] or trained["sft"]) if trained else args.model_run
+    if trained:
+        base = dataclasses.replace(base, system_prompt=SYSTEM_PROMPT)
     if model_run:
         from c2jax.data.tokenizer import Tokenizer
         from c2jax.pipeline import model_policy_factory
@@ -188,13 +301,13 @@ def main(argv=None):
         cfg = load_run_config(model_run)
         tokenizer = Tokenizer.load(model_run)
         params = load_run_params(model_run, cfg)
-        factory, _ = model_policy_factory(cfg, params, tokenizer, max_len=args.window + 1,
+        factory, _ = model_policy_factory(cfg, params, tokenizer, max_len=(args.full_window or args.window) + 1,
                                           temperature=args.temperature, seed=args.seed, max_batch=2)
-        base = dataclasses.replace(base, max_new_tokens=256)
+        base = dataclasses.replace(base, max_new_tokens=args.max_new_tokens)
         policy_name = f"model {model_run} (temperature {args.temperature})"
     results, per_episode = {}, {}
     t0 = time.time()
-    for name, method, trig, window in methods(args.triggers, args.window):
+    for name, method, trig, window in methods(args.triggers, args.window, args.full_window):
         rows = run_method(tasks, factory, tokenizer, sandbox, base, method, trig, window, args.max_summaries,
                           args.max_summary_tokens)
         per_episode[name] = rows
@@ -211,7 +324,8 @@ def main(argv=None):
     with open(os.path.join(args.out, "table.md"), "w") as f:
         f.write(md)
     with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump({"args": vars(args), "policy": policy_name, "aggregate": results, "episodes": per_episode}, f,
+        json.dump({"args": vars(args), "policy": policy_name, "aggregate": results, "episodes": per_episode,
+                   "training": trained and trained["stats"]}, f,
                   indent=1, default=str)
     plot(results, os.path.join(args.out, "self_summary.png"),
          f"{policy_name}; {len(tasks)} held-out long_horizon tasks; window {args.window}; triggers {args.triggers}")

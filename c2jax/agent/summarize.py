@@ -188,8 +188,7 @@ class ContextHook:
     def _prompt(self, state, stats):
         codec = state.codec
         transcript = codec.decode(state.tokens)[-self.cfg.max_transcript_chars:]
-        ctx = codec.encode(cf.render_system(COMPACTION_SYSTEM) + cf.render_user(COMPACTION_PROMPT + transcript)
-                           + cf.assistant_prefix())
+        ctx = compaction_context(codec, transcript, state.config.max_context_tokens, self.cfg.max_summary_tokens)
         policy = self.compaction_policy or state.policy
         p0 = _policy_prefill(policy)
         out: PolicyOutput = policy.act(ctx, self.cfg.max_summary_tokens, codec)
@@ -234,12 +233,58 @@ class ContextHook:
         state.restart(prefix, reason="truncated", carry_ids=list(carry))
 
 
+def compaction_context(codec, transcript: str, window: int | None = None, room: int = 0) -> list[int]:
+    """Token ids of the compaction call; with a context `window`, the transcript's oldest text
+    is dropped until the call plus `room` generated tokens fits in it."""
+    def build(t):
+        return codec.encode(cf.render_system(COMPACTION_SYSTEM) + cf.render_user(COMPACTION_PROMPT + t)
+                            + cf.assistant_prefix())
+    ctx = build(transcript)
+    while window and len(ctx) + room > window and transcript:
+        excess = len(ctx) + room - window   # a token covers >= 1 character: drop at least that many
+        transcript = transcript[excess:]
+        ctx = build(transcript)
+    if window and len(ctx) + room > window:
+        raise ValueError(f"the compaction prompt alone ({len(ctx)} tokens) + {room} summary tokens does not fit "
+                         f"the context window of {window}")
+    return ctx
+
+
 def summary_episode_config(base, cfg: SummaryConfig, compaction_policy=None):
     """`base` (an EpisodeConfig) with the hook and trigger of `cfg` (method "none": no hook)."""
     if cfg.method == "none":
         return dataclasses.replace(base, context_trigger_tokens=None, context_hook=None)
     return dataclasses.replace(base, context_trigger_tokens=cfg.trigger_tokens,
                                context_hook=ContextHook(cfg, compaction_policy))
+
+
+# ----------------------------------------------------------------------------- SFT transcripts
+def write_chain_transcripts(tasks, policy_factory, tokenizer, out_path: str, config, sandbox=None,
+                            concurrency: int = 2) -> dict:
+    """Run `policy_factory(task)` on every task with `config` (an EpisodeConfig, usually from
+    summary_episode_config) and write the passing episodes as SFT data: one JSONL record per
+    segment {"tokens", "loss_mask", "task_id", "chain_index", "chain_length"}, the harness token
+    format of c2jax.pipeline.write_oracle_transcripts (summaries are model tokens)."""
+    import json
+    import os
+
+    from c2jax.agent.runner import run_episodes
+    results = run_episodes(list(tasks), policy_factory, tokenizer, sandbox, config, concurrency=concurrency)
+    out = {"tasks": len(results), "kept": 0, "failed": 0, "segments": 0, "summaries": 0, "max_segment_tokens": 0}
+    os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
+    with open(out_path, "w") as f:
+        for r in results:
+            if not (r.grade and r.grade.passed):
+                out["failed"] += 1
+                continue
+            out["kept"] += 1
+            out["summaries"] += int(r.stats.get("summaries", 0))
+            for k, seg in enumerate(r.segments):
+                f.write(json.dumps({"tokens": seg.tokens_T.tolist(), "loss_mask": seg.loss_mask_T.astype(int).tolist(),
+                                    "task_id": seg.task_id, "chain_index": k, "chain_length": len(r.segments)}) + "\n")
+                out["segments"] += 1
+                out["max_segment_tokens"] = max(out["max_segment_tokens"], len(seg.tokens_T))
+    return out
 
 
 # ----------------------------------------------------------------------------- prefill meter
@@ -298,5 +343,6 @@ def escape_free(text: str) -> str:
 
 
 __all__ = ["METHODS", "SUMMARIZE_QUERY", "COMPACTION_SYSTEM", "COMPACTION_PROMPT", "SummaryConfig",
+           "compaction_context", "write_chain_transcripts",
            "CarriedState", "ContextHook", "PrefillMeter", "summary_episode_config", "parse_plan_todos",
            "extract_summary", "restart_prefix", "escape_free"]

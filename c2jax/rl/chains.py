@@ -17,6 +17,10 @@ adds:
          split into 5 sequences still counts once in its group's mean).
   expand_to_sequences(chains, advantages)
       -> (sequences, per-sequence advantages): every sequence of a chain gets the chain's.
+  split_chains(trajectories, num_chains=None)
+      -> the chains of a group stored flat (stats chain_index / chain_length).
+  groups_to_sequences(groups, weights, std_normalize=False)
+      -> (sequences, advantages_B, weights_B, chains): what the RL loop hands the learner.
   token_advantages(seq, advantage) -> float32[T]: advantage on model tokens, 0 elsewhere.
   pack_sequences(seqs, advantages, seq_len, num_rows=None)
       -> packed batch dict; every sequence is its own segment (segment ids 1..n per row,
@@ -93,6 +97,43 @@ def expand_to_sequences(chains: Sequence[Sequence[Trajectory]], advantages) -> t
             seqs.append(s)
             adv.append(float(a))
     return seqs, np.asarray(adv, np.float32)
+
+
+def split_chains(trajectories: Sequence[Trajectory], num_chains: int | None = None) -> list[list[Trajectory]]:
+    """A group's flat list of segments (as the orchestrator stores it) back into chains, using
+    stats chain_index / chain_length (a trajectory without them is a chain of one)."""
+    chains: list[list[Trajectory]] = []
+    cur: list[Trajectory] = []
+    for i, t in enumerate(trajectories):
+        k, n = int(t.stats.get("chain_index", 0)), int(t.stats.get("chain_length", 1))
+        if k != len(cur) or not 0 <= k < n:
+            raise ValueError(f"trajectory {i} ({t.task_id}) is segment {k} of {n}, expected segment {len(cur)}")
+        cur.append(t)
+        if len(cur) == n:
+            chains.append(cur)
+            cur = []
+    if cur:
+        raise ValueError(f"the last chain has {len(cur)} of {cur[0].stats.get('chain_length')} segments")
+    if num_chains is not None and len(chains) != num_chains:
+        raise ValueError(f"{len(chains)} chains but {num_chains} rewards")
+    return chains
+
+
+def groups_to_sequences(groups, weights, std_normalize: bool = False, std_eps: float = 1e-6):
+    """Learner inputs from finished groups (c2jax.rl.store.FinishedGroup, equal sizes G):
+    -> (sequences, advantages_B, weights_B, chains). Dr. GRPO advantage per attempt (group mean
+    over the G chains, each chain once, however many segments it has), then every sequence of a
+    chain carries its chain's advantage and its group's weight. Without chains (every attempt
+    one trajectory) this is exactly the per-trajectory group advantage."""
+    from c2jax.rl.advantages import group_advantages
+    per_group = [split_chains(g.trajectories, len(g.rewards)) for g in groups]
+    rewards_PG = np.asarray([g.rewards for g in groups], np.float32)
+    adv = np.asarray(group_advantages(rewards_PG, std_normalize, std_eps)).reshape(-1)
+    chains = [c for cs in per_group for c in cs]
+    seqs, adv_B = expand_to_sequences(chains, adv)
+    w_chain = np.repeat(np.asarray(weights, np.float32), [len(cs) for cs in per_group])
+    _, w_B = expand_to_sequences(chains, w_chain)
+    return seqs, adv_B, w_B, chains
 
 
 def token_advantages(seq: Trajectory, advantage: float) -> np.ndarray:

@@ -46,6 +46,10 @@ def learner_cfg(cfg) -> ml_collections.ConfigDict:
 
 # ----------------------------------------------------------------------------- batches
 
+# finish reasons of a rollout cut by a limit (rl.mask_overlong); "context_full": a segment filled
+# the context window (summaries off or exhausted)
+TRUNCATED = ("max_tokens", "max_turns", "max_new_tokens", "length", "max_len", "context_full")
+
 
 def balance_order(lengths, num_shards: int) -> list[int]:
     """Order of sequences so that contiguous equal shards have balanced token counts (longest
@@ -91,7 +95,7 @@ def build_batch(trajs, advantages_B, length_bucket: int = 64, weights_B=None, nu
         b["segment_ids"][i, :n] = 1
         b["loss_mask"][i, :n] = t.loss_mask_T[1:n + 1]
         b["behaviour_logp"][i, :n] = t.logprobs_T[1:n + 1]
-        b["truncated"][i] = t.finish_reason in ("max_tokens", "max_turns", "max_new_tokens", "length", "max_len")
+        b["truncated"][i] = t.finish_reason in TRUNCATED
         ex = t.expert_ids_TNK
         if num_moe_layers and ex is not None and ex.ndim == 3 and ex.shape[1:] == (num_moe_layers, top_k):
             b["forced_ids"][:, i, :n] = np.transpose(ex[:n], (1, 0, 2))

@@ -260,11 +260,14 @@ class Orchestrator:
                 self._finish(job)
 
     def _finish(self, job: GroupJob):
-        trajs = [r[0] for r in job.results]
+        # an attempt is a Trajectory, or a chain (list of segments, summaries on): the group stores
+        # every segment in order (stats chain_length says where a chain ends) and one reward per attempt
+        chains = [r[0] if isinstance(r[0], list) else [r[0]] for r in job.results]
+        trajs = [t for c in chains for t in c]
         vers = [int(t.versions_T.max()) for t in trajs if len(t.versions_T)]
         g = FinishedGroup(index=job.index, task_id=str(getattr(job.task, "task_id", job.index)), suite=job.suite,
                           start_version=job.start_version, trajectories=trajs,
-                          rewards=[float(t.reward) for t in trajs], passed=[r[1] for r in job.results],
+                          rewards=[float(c[-1].reward) for c in chains], passed=[r[1] for r in job.results],
                           attempt=max(job.attempts), end_version=max(vers, default=job.start_version))
         self.store.put(g)  # durable before the learner can use it
         self.source.observe(job.suite, g.hardness)

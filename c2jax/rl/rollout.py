@@ -220,7 +220,7 @@ class ToyEnv:
                       seed=seed, request_id=rid, reuse_prefix=False)
         (c,) = service.submit(req).result()
         if self.rl.toy_latency_s > 0:
-            time.sleep(self.rl.toy_latency_s)  # the environment's share of an agent episode (tools, VM)
+            time.sleep(toy_latency(self.rl, key))  # the environment's share of an agent episode (tools, VM)
         P, gen = len(task.prompt_ids), list(c.tokens)
         hits = np.mean([(t % self.modulus) == (self.rl.toy_target % self.modulus) for t in gen]) if gen else 0.0
         T = P + len(gen)
@@ -234,6 +234,17 @@ class ToyEnv:
             task_id=task.task_id, group_id=group_id, finish_reason=c.finish_reason,
             stats={"turns": 1, "thinking_tokens": 0, "completion_tokens": len(gen)})
         return traj, bool(hits >= 0.5)
+
+
+def toy_latency(rl, key: str) -> float:
+    """Simulated remote-environment seconds of one episode: rl.toy_latency_s, or with
+    rl.toy_latency_sigma > 0 a lognormal with that mean and log-std (heavy-tailed, like VM and tool
+    times), drawn from the episode key so every run sees the same latencies."""
+    if rl.toy_latency_sigma <= 0:
+        return float(rl.toy_latency_s)
+    z = np.random.default_rng(stable_rid("latency/" + key)).standard_normal()
+    sigma = float(rl.toy_latency_sigma)
+    return float(rl.toy_latency_s * np.exp(sigma * z - 0.5 * sigma ** 2))
 
 
 def reward_stats(stats: dict, original_files: dict | None, final_files: dict | None) -> dict:
@@ -253,7 +264,12 @@ def reward_stats(stats: dict, original_files: dict | None, final_files: dict | N
 
 class HarnessEnv:
     """Agent episodes (c2jax.agent.run_episode) on task suites, graded by the task's verifier,
-    rewarded by c2jax.rl.rewards.compute_reward (every term in reward_terms)."""
+    rewarded by c2jax.rl.rewards.compute_reward (every term in reward_terms).
+
+    With rl.summary_method != "none" an episode is a chain (c2jax.agent.summarize: compaction
+    at rl.summary_trigger_tokens, each segment at most rl.context_window tokens) and `episode`
+    returns its segments as a list of training sequences sharing the chain's reward
+    (c2jax.rl.chains.chain_sequences); otherwise one Trajectory, as before."""
 
     def __init__(self, rl, tokenizer, sandbox=None):
         from c2jax.agent.sandbox import Sandbox
@@ -265,22 +281,36 @@ class HarnessEnv:
         return load_suite(suite, split, n, seed)
 
     def max_len(self) -> int:
-        return self.rl.max_total_tokens + 1
+        from c2jax.rl.config import context_window
+        return context_window(self.rl) + 1
 
-    def episode(self, task, service: SamplerService, key: str, seed: int, temperature: float, group_id: str = ""):
-        from c2jax.agent.policy import SamplerPolicy
-        from c2jax.agent.runner import EpisodeConfig, run_episode
-        from c2jax.tasks.base import snapshot_files
+    def episode_config(self):
+        """The EpisodeConfig of every episode (with the summary hook when summaries are on)."""
+        from c2jax.agent.runner import EpisodeConfig
+        from c2jax.agent.summarize import SummaryConfig, summary_episode_config
         r = self.rl
         config = EpisodeConfig(max_turns=r.max_turns, max_total_tokens=r.max_total_tokens,
                                max_new_tokens=r.max_new_tokens, list_tools_in_system=r.list_tools_in_system,
-                               keep_workspace=True)
+                               keep_workspace=True, max_context_tokens=int(r.context_window) or None)
         if r.system_prompt:
             config.system_prompt = r.system_prompt
+        if r.summary_method != "none":
+            config = summary_episode_config(config, SummaryConfig(
+                method=r.summary_method, trigger_tokens=int(r.summary_trigger_tokens),
+                max_summaries=int(r.max_summaries), max_summary_tokens=int(r.max_summary_tokens)))
+        return config
+
+    def episode(self, task, service: SamplerService, key: str, seed: int, temperature: float, group_id: str = ""):
+        from c2jax.agent.policy import SamplerPolicy
+        from c2jax.agent.runner import run_episode
+        from c2jax.rl.chains import chain_sequences
+        from c2jax.tasks.base import snapshot_files
+        r = self.rl
         res = run_episode(task, SamplerPolicy(EpisodeSampler(service, key, seed, temperature)), self.tokenizer,
-                          self.sandbox, config, group_id)
+                          self.sandbox, self.episode_config(), group_id)
         try:
-            if res.stats.get("finish_reason") == "policy_error" and "SamplerDied" in res.stats.get("error", ""):
+            if (res.stats.get("finish_reason") in ("policy_error", "harness_error")  # harness: inside a summary hook
+                    and "SamplerDied" in res.stats.get("error", "")):
                 raise SamplerDied(res.stats["error"].splitlines()[0])
             final = snapshot_files(res.workspace.path) if res.workspace is not None else None
         finally:
@@ -290,4 +320,7 @@ class HarnessEnv:
         score = float(getattr(res.grade, "score", 0.0)) if res.grade is not None else 0.0
         total, terms = compute_reward(score, reward_stats(res.stats, dict(task.files), final), r)
         traj.reward, traj.reward_terms = total, terms
-        return traj, bool(getattr(res.grade, "passed", False))
+        passed = bool(getattr(res.grade, "passed", False))
+        if r.summary_method == "none":
+            return traj, passed
+        return chain_sequences(res.segments, total, chain_id=key, reward_terms=terms), passed

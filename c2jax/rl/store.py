@@ -30,9 +30,11 @@ class FinishedGroup:
 
     @property
     def hardness(self) -> float:
-        """Turns + thinking tokens / 100, mean over attempts (for the curriculum)."""
+        """Turns + thinking tokens / 100, mean over attempts (for the curriculum; a chain of
+        segments counts once, by its last segment, whose stats cover the whole episode)."""
         vals = [float(t.stats.get("turns", 1)) + float(t.stats.get("thinking_tokens", 0)) / 100.0
-                for t in self.trajectories]
+                for t in self.trajectories
+                if int(t.stats.get("chain_index", 0)) == int(t.stats.get("chain_length", 1)) - 1]
         return float(np.mean(vals)) if vals else 0.0
 
 

@@ -63,11 +63,17 @@ def _long_horizon(split, n, seed, **kw):
     return long_horizon.load(split, n, seed, **kw)
 
 
+def _long_horizon_small(split, n, seed, **kw):
+    from c2jax.tasks import long_horizon
+    return long_horizon.load(split, n, seed, **{**long_horizon.SMALL, **kw})
+
+
 register_suite("synthetic", _synthetic)
 register_suite("stdlib_bugs", _stdlib)
 register_suite("humaneval", _humaneval)
 register_suite("behaviour", _behaviour)
 register_suite("long_horizon", _long_horizon)
+register_suite("long_horizon_small", _long_horizon_small)
 
 
 def available_suites() -> list[str]:

@@ -20,7 +20,8 @@ lines; given a prompt-based compaction request, it acts as a generic query-focus
 compactor (keeps the task, the previous summary, every call, each tool output's header and the
 output lines that name an identifier of the task prompt; lines deduplicated).
 
-Registered as suite "long_horizon" (import this module, or use load() directly).
+Registered (c2jax.tasks) as suites "long_horizon" and "long_horizon_small" (5 modules x 200
+chars: the tiny model's size), or use load() directly.
 """
 from __future__ import annotations
 
@@ -117,9 +118,13 @@ def load(split: str, n: int | None = None, seed: int = 0, n_files: int = 8, file
     return out
 
 
+SMALL = {"n_files": 5, "file_chars": 200}  # "long_horizon_small": ~1.9k BPE tokens in full (tiny model)
+
+
 def _register():
     from c2jax.tasks import register_suite
     register_suite("long_horizon", lambda split, n, seed, **kw: load(split, n, seed, **kw))
+    register_suite("long_horizon_small", lambda split, n, seed, **kw: load(split, n, seed, **{**SMALL, **kw}))
 
 
 _register()

@@ -5,6 +5,8 @@ compiles are warmed first and shared), plus each run's sampler idle fraction.
     JAX_PLATFORMS=cpu python experiments/bench/async_rl.py                          # toy task
     JAX_PLATFORMS=cpu python experiments/bench/async_rl.py --config configs/rl_tiny.py \
         --steps 6 --config.train.init_from=runs/demo/sft                           # agent harness
+    JAX_PLATFORMS=cpu python experiments/bench/async_rl.py --config.rl.toy_latency_s=0.3 \
+        --config.rl.toy_latency_sigma=1.0       # remote environments: heavy-tailed episode latency
     ... --json experiments/results/async_rl/toy.json
 
 Speedup = sync wall / async wall over the training steps only (no evals).
@@ -32,8 +34,14 @@ def main(argv=None):
     from absl import flags
     flags.FLAGS.mark_as_parsed()
     logging.basicConfig(level=logging.WARNING)
+    import jax
     from c2jax.config import load_config
     from c2jax.rl.loop import run_rl
+    # Each run_rl builds its own jitted learner/sampler; a persistent compilation cache makes the
+    # warm-up runs' compiles the timed runs' too, so train_wall_s measures training, not XLA.
+    jax.config.update("jax_compilation_cache_dir", tempfile.mkdtemp(prefix="c2jax_async_bench_xla_"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
     def run(staleness, steps, tag, root):
         cfg = load_config(args.config, list(rest) + [f"--config.rl.steps={steps}", "--config.rl.eval_every=-1",

@@ -113,3 +113,18 @@ def test_reward_stats_cover_every_reward_key():
     total, terms = compute_reward(1.0, s, rl_defaults())
     assert terms["behaviour/malformed_calls"] < 0 and terms["behaviour/terminal_only"] < 0
     assert terms["length_penalty"] < 0 and total < 1.0
+
+
+def test_toy_latency_is_per_episode_heavy_tailed_and_reproducible():
+    from c2jax.rl.rollout import toy_latency
+    r = rl_defaults()
+    r.toy_latency_s = 0.2
+    assert toy_latency(r, "a/0") == 0.2  # sigma 0: fixed
+    r.toy_latency_sigma = 1.0
+    draws = np.array([toy_latency(r, f"task-{i}/{j}") for i in range(400) for j in range(4)])
+    assert toy_latency(r, "task-3/1") == draws[3 * 4 + 1]  # same key, same latency (sync and async runs)
+    assert abs(draws.mean() - 0.2) < 0.03  # mean toy_latency_s
+    assert np.percentile(draws, 99) > 4 * np.median(draws)  # long tail: stragglers
+    r.toy_latency_sigma = -1.0
+    with pytest.raises(ConfigError, match="toy_latency"):
+        validate_rl(r)
