@@ -85,6 +85,7 @@ def mesh_defaults() -> ml_collections.ConfigDict:
     m.cp_impl = "allgather"            # GQA context parallelism: "allgather" K/V or "ring" (ppermute); MLA always gathers latents
     m.attention_chunk = 0              # CP attention: local queries in chunks of this many, each rematerialized (0 = one block)
     m.ep_capacity_factor = 0.0         # EP all-to-all rows per peer = factor * local assignments / EP size (0 = dropless worst case)
+    m.ep_token_chunks = 1              # EP: dispatch the local tokens in this many chunks, each rematerialized (capacity per chunk)
     # logical axis name -> mesh axes (None = replicated); used for params and activations
     m.rules = (
         ("batch", ("data", "fsdp", "expert")),

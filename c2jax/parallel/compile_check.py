@@ -122,25 +122,41 @@ def _flops(compiled) -> float:
     return float(cost.get("flops", 0.0)) if cost else 0.0
 
 
-def compile_train_step(cfg, mesh):
-    """Lower the real train step for `mesh` (compile with `.compile()`); returns the Lowered."""
+def abstract_train_state(cfg, mesh):
+    """(optimizer, state shardings, abstract sharded train state) of `cfg` on `mesh`."""
     from c2jax.models import abstract_params
-    from c2jax.parallel.mesh import activate, data_sharding, param_shardings
+    from c2jax.parallel.mesh import param_shardings
     from c2jax.train.optimizer import make_optimizer
-    from c2jax.train.step import (
-        BATCH_KEYS,
-        init_state,
-        make_train_step,
-        state_shardings,
-    )
-    t = cfg.train
-    optimizer = make_optimizer(t)
+    from c2jax.train.step import init_state, state_shardings
+    optimizer = make_optimizer(cfg.train)
     # shape-only work outside the TPU mesh context (the model's init helpers run a few eager ops)
     p_sh = param_shardings(cfg, mesh)
     params = _abstract(abstract_params(cfg), p_sh)
     abstract_state = jax.eval_shape(lambda p: init_state(cfg, optimizer, p, 0), params)
     st_sh = state_shardings(cfg, optimizer, mesh, p_sh, abstract_state)
-    state = _abstract(abstract_state, st_sh)
+    return optimizer, st_sh, _abstract(abstract_state, st_sh)
+
+
+def _per_chip_bytes(tree) -> int:
+    """Bytes of the largest shard of each sharded ShapeDtypeStruct leaf, summed."""
+    return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(tree))
+
+
+def state_breakdown(state) -> dict:
+    """Per-chip GiB of the train state's parts: params, optimizer state, and the gradients the
+    step holds (one per param, in the param dtype, sharded like it; they live in temp)."""
+    params = _per_chip_bytes(state["params"])
+    return {"params_gib": params / GiB, "optimizer_gib": _per_chip_bytes(state["opt_state"]) / GiB,
+            "grads_gib": params / GiB}
+
+
+def compile_train_step(cfg, mesh, state=None):
+    """Lower the real train step for `mesh` (compile with `.compile()`); returns the Lowered.
+    `state`: the result of abstract_train_state (computed when None)."""
+    from c2jax.parallel.mesh import activate, data_sharding
+    from c2jax.train.step import BATCH_KEYS, make_train_step
+    t = cfg.train
+    optimizer, st_sh, state = state or abstract_train_state(cfg, mesh)
     dsh = data_sharding(cfg, mesh)
     with activate(cfg, mesh):
         dtypes = {"loss_weights": jnp.float32}
@@ -208,14 +224,24 @@ def main(cfg, topology: str | None = None) -> dict:
     devices = topology_devices(topology)
     validate(cfg, num_devices=len(devices))
     mesh = make_mesh(cfg, devices)
+    if mesh.shape.get("context", 1) > 1 and cfg.model.num_mtp_layers:
+        # the trainer (c2jax.train.loop) refuses this combination; do not prove a layout it cannot run
+        raise ConfigError("MTP heads with context parallelism (mesh context > 1) are not supported in training "
+                          "(the MTP shift assumes in-order tokens); set model.num_mtp_layers=0 or drop the "
+                          "context axis")
     t = cfg.train
     report = {"config": cfg.model.name, "topology": topology, "chip": chip, "chips": len(devices),
               "mesh": dict(mesh.shape), "hbm_per_chip_gib": hbm / GiB, "peak_bf16_tflops": peak / 1e12,
               "params": param_count(cfg), "batch_size": t.batch_size, "seq_len": t.seq_len,
               "grad_accum": t.grad_accum}
     t0 = time.time()
-    compiled, train = _compile(compile_train_step(cfg, mesh))
+    abstract = abstract_train_state(cfg, mesh)
+    compiled, train = _compile(compile_train_step(cfg, mesh, abstract))
     train = train or _memory(compiled)
+    train.update(state_breakdown(abstract[2]))
+    # what the temp holds besides the gradients: activations, remat checkpoints, collectives'
+    # buffers, per-layer workspace (XLA does not split temp further)
+    train["activations_gib"] = train["temp_gib"] - train["grads_gib"]
     flops = _flops(compiled) if compiled is not None else float("nan")
     tokens = t.batch_size * t.seq_len
     model_flops = flops_per_token(cfg, t.seq_len) * tokens
@@ -298,6 +324,10 @@ def format_report(r: dict) -> str:
         out.append(f"    HBM per chip {s['peak_gib']:.2f} / {r['hbm_per_chip_gib']:.1f} GiB "
                    f"(args {s['arguments_gib']:.2f}, temp {s['temp_gib']:.2f}, out {s['outputs_gib']:.2f}, "
                    f"aliased {s['aliased_gib']:.2f}) -> {'FITS' if s['fits'] else 'DOES NOT FIT'}")
+        if "params_gib" in s:
+            out.append(f"      = params {s['params_gib']:.2f} + optimizer {s['optimizer_gib']:.2f} (arguments, "
+                       f"donated) + grads {s['grads_gib']:.2f} + activations/workspace {s['activations_gib']:.2f} "
+                       f"(temp) GiB")
         kind = "6N + attention" if name == "train" else "2N + attention"
         out.append(f"    FLOPs per step {s['flops_per_step']:.3e} ({kind}), {s['flops_per_chip']:.3e} per chip -> "
                    f"{s['step_s_at_peak'] * 1e3:.1f} ms at peak (XLA cost analysis, loop bodies counted once: "

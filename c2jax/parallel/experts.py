@@ -14,6 +14,10 @@ Per MoE layer, on every device (T local tokens, K experts each, A = T*K assignme
  3. run the local experts (sorted grouped matmul, the same gmm as the single-device path);
  4. all-to-all the outputs back in the model dtype (bf16 in production), weight and sum the k
     results in float32 and cast back.
+With mesh.ep_token_chunks = n > 1 the local tokens go through 1-4 in n chunks one after another
+(capacity per chunk), each rematerialized in the backward pass, so the [W * cap, D] buffers
+shrink n-fold. Expert weights FSDP-sharded over other axes (the `expert_embed` rule) are
+all-gathered inside the shard_map, so their gradients leave it reduce-scattered.
 
 Letters: B batch, L length, D model width, K experts per token, F expert width, E experts,
 T local tokens, A local assignments, R received rows, W EP group size.
@@ -123,15 +127,15 @@ def expert_parallel_dispatch(x_BLD, ids_BLK, weights_BLK, w_gate, w_up, w_down, 
     axes, b_axes, l_axes = plan
     W = axes_size(axes)
     factor = float(parallel_setting("ep_capacity_factor", 0.0))
+    chunks = int(parallel_setting("ep_token_chunks", 1))
     e_local = E // W
     dt = x_BLD.dtype
 
-    def body(x, ids, wts, wg, wu, wd):
-        b, l, _ = x.shape
-        T = b * l
+    def one(x_TD, ids_TK, wts_TK, wg, wu, wd):
+        T = x_TD.shape[0]
         A = T * K
         cap = A if factor <= 0 else min(A, max(1, math.ceil(factor * A / W)))
-        flat = ids.reshape(A).astype(jnp.int32)
+        flat = ids_TK.reshape(A).astype(jnp.int32)
         dest = flat // e_local
         order = jnp.argsort(dest, stable=True)
         sizes = jnp.bincount(dest, length=W)
@@ -141,7 +145,6 @@ def expert_parallel_dispatch(x_BLD, ids_BLK, weights_BLK, w_gate, w_up, w_down, 
         keep = rank < cap
         slot = jnp.where(keep, dest * cap + rank, W * cap)       # W*cap = drop sink
         token = jnp.arange(A, dtype=jnp.int32) // K
-        x_TD = x.reshape(T, D)
         send_x = jnp.zeros((W * cap + 1, D), dt).at[slot].set(x_TD[token])[: W * cap]
         send_e = jnp.full((W * cap + 1,), e_local, jnp.int32).at[slot].set(flat % e_local)[: W * cap]
         recv_x = _quantized_all_to_all(send_x, axes, m.quant, dt)
@@ -150,13 +153,55 @@ def expert_parallel_dispatch(x_BLD, ids_BLK, weights_BLK, w_gate, w_up, w_down, 
         back = jax.lax.all_to_all(y_R, axes, 0, 0, tiled=True)
         back = jnp.concatenate([back, jnp.zeros((1, D), dt)])
         y_AD = back[slot] * keep[:, None].astype(dt)
-        y = jnp.einsum("tkd,tk->td", y_AD.reshape(T, K, D).astype(jnp.float32),
-                       wts.reshape(T, K).astype(jnp.float32))
-        dropped = jnp.mean((~keep).astype(jnp.float32))  # exactly 0 when dropless (1 - mean(keep) is not)
+        y = jnp.einsum("tkd,tk->td", y_AD.reshape(T, K, D).astype(jnp.float32), wts_TK.astype(jnp.float32))
+        return y.astype(dt), jnp.mean((~keep).astype(jnp.float32))  # exactly 0 when dropless
+
+    def body(x, ids, wts, wg, wu, wd):
+        b, l, _ = x.shape
+        T = b * l
+        n = chunks if chunks > 1 and T % chunks == 0 else 1
+        flat = (x.reshape(n, T // n, D), ids.reshape(n, T // n, K), wts.reshape(n, T // n, K))
+        if n == 1:
+            y, dropped = one(*(a[0] for a in flat), wg, wu, wd)
+        else:
+            # token chunks one after another, each rematerialized in the backward pass: the
+            # dispatch buffers ([W * cap, D] send/receive rows, expert activations) shrink n-fold
+            y, dropped = jax.lax.map(jax.checkpoint(lambda a: one(*a, wg, wu, wd)), flat)
+            dropped = jnp.mean(dropped)
         varying = tuple(dict.fromkeys(b_axes + l_axes + axes))  # dropped varies over the token axes
-        return y.astype(dt).reshape(b, l, D), jax.lax.pmean(dropped, varying)
+        return y.reshape(b, l, D), jax.lax.pmean(dropped, varying)
 
     tok = P(spec_entry(b_axes), spec_entry(l_axes), None)
-    wspec = P(spec_entry(axes), None, None)
-    fn = jax.shard_map(body, in_specs=(tok, tok, tok, wspec, wspec, wspec), out_specs=(tok, P()))
+    fs = _weight_fsdp_axes(axes, w_gate.shape[1:])                # (expert_embed axes, expert_mlp axes)
+    in_spec = P(spec_entry(axes), spec_entry(fs[0]), spec_entry(fs[1]))
+    out_spec = P(spec_entry(axes), spec_entry(fs[1]), spec_entry(fs[0]))
+
+    def fsdp_body(x, ids, wts, wg, wu, wd):
+        # FSDP inside the shard_map: gather the local experts' weights here, so the backward
+        # reduce-scatters their gradients (f32 [E/W, D, F] per chip, not replicated over fsdp)
+        wg, wu = (_gather_dims(w, fs[0], fs[1]) for w in (wg, wu))
+        return body(x, ids, wts, wg, wu, _gather_dims(wd, fs[1], fs[0]))
+
+    fn = jax.shard_map(fsdp_body, in_specs=(tok, tok, tok, in_spec, in_spec, out_spec), out_specs=(tok, P()))
     return fn(x_BLD, ids_BLK, weights_BLK, w_gate, w_up, w_down)
+
+
+def _weight_fsdp_axes(ep, dims) -> tuple:
+    """Mesh axes (not in the EP group, dividing the dim) that `expert_embed` and `expert_mlp`
+    shard the expert weights' [D, F] dims over: the FSDP part of their sharding."""
+    out, used = [], set(ep)
+    for name, dim in zip(("expert_embed", "expert_mlp"), dims):
+        cand = tuple(a for a in active_logical_axes(name) if a not in used)
+        keep = divisible_axes(dim, cand)
+        used.update(keep)
+        out.append(keep)
+    return tuple(out)
+
+
+def _gather_dims(w, axes1, axes2):
+    """All-gather a local [E, X, Y] weight block over axes1 (dim 1) and axes2 (dim 2)."""
+    if axes1:
+        w = jax.lax.all_gather(w, axes1, axis=1, tiled=True)
+    if axes2:
+        w = jax.lax.all_gather(w, axes2, axis=2, tiled=True)
+    return w

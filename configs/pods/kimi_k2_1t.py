@@ -11,7 +11,11 @@ The report runs EP 8 on GPUs with ~2x the memory of a v5p chip; EP 8 here means 
 (4.2 GB of bf16 expert weights per layer) gathered on each chip per layer, so both layouts use
 EP 64 = data x context x expert (6 experts per chip and layer). Dense weights are FSDP-sharded
 over fsdp x context x expert, expert weights over the EP axes (experts) x fsdp (expert_embed):
-two shardings of the same chips.
+two shardings of the same chips. MLA's up-projections (no `embed` dim) are FSDP-sharded by
+`heads`. Memory per chip (see the compile-check breakdown): f32 params 8.1 GiB + Adam moments
+16.1 GiB (donated arguments) + f32 grads 8.1 GiB + activations: 61 bf16 residual checkpoints
+(3.3 GiB for 4096 tokens per chip), one layer's rematerialized workspace (attention query
+chunks, EP dispatch chunks), the output head ([7168, 163840] bf16 gathered, f32 logits).
 
     python -m c2jax compile-check --config configs/pods/kimi_k2_1t.py:cpt --topology v5p:8x8x8
 """
@@ -25,8 +29,8 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 
 LAYOUTS = {
     #       mesh (data, fsdp, context, expert), batch, seq, query chunk
-    "cpt": ((8, 8, 2, 4), 256, 8192, 1024),
-    "rl": ((1, 8, 8, 8), 64, 32768, 512),
+    "cpt": ((8, 8, 2, 4), 256, 8192, 512),
+    "rl": ((1, 8, 8, 8), 64, 32768, 256),
 }
 
 
@@ -40,11 +44,21 @@ def get_config(arg=None):
     cfg.model.name = f"kimi_k2_1t_{layout}"
     cfg.model.moe_dispatch = "grouped"
     cfg.model.remat = "full"
+    # CP layouts train without the MTP head: the trainer refuses MTP under CP (its shift assumes
+    # in-order tokens, the zigzag layout permutes them), and GSPMD replicated the head's
+    # shifted-embedding gradient over all chips (a full [B, L, D] f32 buffer, 56 GiB per chip).
+    cfg.model.num_mtp_layers = 0
     cfg.mesh.shape = shape
     cfg.mesh.attention_chunk = chunk
     cfg.mesh.ep_capacity_factor = 2.0
-    cfg.mesh.rules = tuple((n, {"embed": ("fsdp", "context", "expert"), "experts": ("data", "context", "expert"),
-                                "expert_embed": "fsdp",
+    # 4096 tokens x 8 experts per chip and layer: the EP send/receive rows at capacity 2.0 are
+    # [64 peers x 1024, 7168] bf16 (0.9 GiB each, several live in the backward pass); dispatching
+    # them in 4 chunks of 1024 tokens cuts that 4-fold (messages stay 0.2 GiB per all-to-all)
+    cfg.mesh.ep_token_chunks = 4
+    # `heads` too: MLA's q_b_proj [1536, 64*192] and kv_b_proj [512, 64*256] have no `embed` dim,
+    # so without it they (and their f32 moments and grads) were replicated on every chip: 24 GiB
+    cfg.mesh.rules = tuple((n, {"embed": ("fsdp", "context", "expert"), "heads": ("fsdp", "context", "expert"),
+                                "experts": ("data", "context", "expert"), "expert_embed": "fsdp",
                                 "batch": ("data", "fsdp", "expert")}.get(n, t)) for n, t in cfg.mesh.rules)
     cfg.train.batch_size, cfg.train.seq_len = batch, seq
     cfg.pod = ml_collections.ConfigDict({

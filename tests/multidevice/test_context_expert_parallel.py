@@ -21,7 +21,7 @@ def _rule(cfg, name, value):
     cfg.mesh.rules = tuple((n, value) if n == name else (n, t) for n, t in cfg.mesh.rules)
 
 
-def _cfg(attention, shape, cp_impl="allgather", experts=("expert",)):
+def _cfg(attention, shape, cp_impl="allgather", experts=("expert",), expert_embed=None):
     cfg = default_config()
     cfg.model.attention = attention
     cfg.model.moe_dispatch = "grouped"
@@ -30,6 +30,7 @@ def _cfg(attention, shape, cp_impl="allgather", experts=("expert",)):
     cfg.mesh.cp_impl = cp_impl
     _rule(cfg, "embed", ("fsdp", "context"))      # FSDP, with the context axis folded in
     _rule(cfg, "experts", experts)
+    _rule(cfg, "expert_embed", expert_embed)      # FSDP of the expert weights (gathered inside the EP shard_map)
     cfg.train.seq_len = L
     return cfg
 
@@ -83,14 +84,18 @@ CASES = [
     ("gqa", (1, 4, 2, 1), "allgather", ("context",)),                    # FSDP 4 x CP 2, EP over the CP ranks
     ("mla", (2, 2, 2, 1), "allgather", ("data", "context")),            # EP 4 from data x context (the report's)
     ("mla", (2, 1, 2, 2), "allgather", ("data", "context", "expert")),  # EP 8 over every device
+    # EP 4, expert weights FSDP over fsdp and tokens dispatched in 2 chunks (the pods' layout)
+    ("mla", (1, 2, 2, 2), "allgather", ("context", "expert"), "fsdp", 2),
 ]
 
 
-@pytest.mark.parametrize("attention,shape,cp_impl,experts", CASES)
-def test_parallel_matches_single_device(attention, shape, cp_impl, experts):
+@pytest.mark.parametrize("attention,shape,cp_impl,experts,expert_embed,ep_chunks",
+                         [c + (None, 1)[len(c) - 4:] for c in CASES])
+def test_parallel_matches_single_device(attention, shape, cp_impl, experts, expert_embed, ep_chunks):
     assert jax.device_count() == 8
     params, (ref_logits, ref_loss, ref_grads) = _reference(attention)
-    cfg = _cfg(attention, shape, cp_impl, experts)
+    cfg = _cfg(attention, shape, cp_impl, experts, expert_embed)
+    cfg.mesh.ep_token_chunks = ep_chunks
     mesh = make_mesh(cfg)
     cp = mesh.shape["context"]
     batch = zigzag_permute(_batch(cfg), cp)
@@ -107,6 +112,7 @@ def test_parallel_matches_single_device(attention, shape, cp_impl, experts):
     moe = shardings["moe_layers"]["block"]["moe"]
     ep_axes = tuple(a for a in experts if mesh.shape[a] > 1)
     assert moe["w_gate"].spec[1] == (ep_axes if len(ep_axes) > 1 else ep_axes[0])       # [layers, E, D, F]
+    assert moe["w_gate"].spec[2] == expert_embed and moe["w_down"].spec[3] == expert_embed
     fsdp_axes = tuple(a for a in ("fsdp", "context") if mesh.shape[a] > 1)
     assert moe["router"].spec[1] == (fsdp_axes if len(fsdp_axes) > 1 else fsdp_axes[0])  # [layers, D, E]
 

@@ -31,6 +31,11 @@ def test_tiny_pod_config_compiles_and_fits(tiny_report):
     ratio = report["train"]["xla_flops_per_chip"] * report["chips"] / report["train"]["flops_per_step"]
     assert 0.5 < ratio < 3, ratio
     assert "FITS" in compile_check.format_report(report)
+    # the breakdown: donated arguments = params + optimizer state, temp = grads + the rest
+    tr = report["train"]
+    assert abs(tr["arguments_gib"] - tr["params_gib"] - tr["optimizer_gib"]) < 0.01 * tr["arguments_gib"] + 1e-3
+    assert tr["grads_gib"] == tr["params_gib"] and tr["activations_gib"] == tr["temp_gib"] - tr["grads_gib"]
+    assert "activations/workspace" in compile_check.format_report(report)
     assert report["fits"] and report["advice"] == ""
 
 
@@ -55,6 +60,10 @@ def test_bad_requests_fail_before_compiling():
     cfg = load_config_file(TINY)
     cfg.model.num_experts, cfg.model.num_experts_per_tok = 6, 2   # EP = data 2 x context 2 = 4
     with pytest.raises(ConfigError, match="num_experts=6"):
+        compile_check.main(cfg)
+    cfg = load_config_file(TINY)
+    cfg.model.num_mtp_layers = 1                                  # the trainer refuses MTP under CP
+    with pytest.raises(ConfigError, match="MTP"):
         compile_check.main(cfg)
     with pytest.raises(ConfigError, match="unknown TPU chip"):
         compile_check.main(load_config_file(TINY), "h100:8")
