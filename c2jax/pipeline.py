@@ -40,10 +40,17 @@ class ReadThenFixPolicy(TextPolicy):
         return self.oracle.next_message(context, codec)
 
 
+# The tiny pipeline's system prompt (configs/rl_tiny.py uses the same one): the harness default
+# is ~140 tokens of the tiny tokenizer, more than the model's whole answer.
+SYSTEM_PROMPT = "Fix the bug with the tools: read the file the task names, then edit it."
+# Sampling temperature of the demo's RL rollouts and held-out evals (configs/rl_tiny.py too).
+TEMPERATURE = 0.7
+
+
 def episode_config(max_turns: int = 6, max_new_tokens: int = 256, max_total_tokens: int = 2048) -> EpisodeConfig:
     """The harness settings used by the tiny pipeline (short system prompt, few turns)."""
     return EpisodeConfig(max_turns=max_turns, max_new_tokens=max_new_tokens, max_total_tokens=max_total_tokens,
-                         list_tools_in_system=False, max_tool_output_chars=2000)
+                         list_tools_in_system=False, max_tool_output_chars=2000, system_prompt=SYSTEM_PROMPT)
 
 
 def write_oracle_transcripts(tokenizer, out_path: str, suites=("synthetic:1",), n_per_suite: int = 256,
@@ -103,29 +110,42 @@ def _suite_row(report: dict, suite: str) -> dict:
     return {k: s.get(k) for k in ("accuracy", "pass_at_k", "completion_tokens_per_task", "malformed_call_rate")}
 
 
-def run_demo(workdir: str, overrides=(), quick: bool = False) -> int:
-    """The quick start: CPT -> SFT -> RL -> held-out eval of the tiny model, printing a table."""
+# The demo's stage sizes: (full, --quick).
+DEMO_TRANSCRIPTS = (1024, 256)    # oracle episodes on synthetic:1 train tasks
+DEMO_SFT_STEPS = (300, 80)        # 8 rows x 768 tokens (two ~300-token transcripts per row)
+DEMO_EVAL = ((32, 4), (8, 2))     # held-out tasks, attempts per task
+
+
+def build_sft_model(workdir: str, overrides=(), quick: bool = False) -> dict:
+    """CPT (configs/stages/cpt.py:tiny) -> SFT on read-then-fix oracle transcripts, into
+    workdir/cpt and workdir/sft. Returns {"cpt", "sft": run summaries, "transcripts", "sft_dir"}."""
     from c2jax.train.loop import run_training
-    t0 = time.time()
+    q = int(bool(quick))
     os.makedirs(workdir, exist_ok=True)
     cpt_dir, sft_dir = os.path.join(workdir, "cpt"), os.path.join(workdir, "sft")
     overrides = list(overrides)
-
     print("== 1/4 continued pretraining (stdlib code corpus) ==", flush=True)
-    cpt_cfg = load_config("configs/stages/cpt.py:tiny", overrides)
-    cpt = run_training(cpt_cfg, cpt_dir)
+    cpt = run_training(load_config("configs/stages/cpt.py:tiny", overrides), cpt_dir)
     tokenizer = Tokenizer.load(cpt_dir)
-
     print("== 2/4 SFT on oracle transcripts (synthetic train tasks, harness token format) ==", flush=True)
     sft_path = os.path.join(workdir, "sft_transcripts.jsonl")
-    tstats = write_oracle_transcripts(tokenizer, sft_path, n_per_suite=128 if quick else 512)
+    tstats = write_oracle_transcripts(tokenizer, sft_path, n_per_suite=DEMO_TRANSCRIPTS[q])
     print(f"transcripts: {tstats}", flush=True)
     sft_cfg = load_config("configs/stages/sft.py:tiny", [
         f"--config.train.init_from={cpt_dir}", f"--config.data.sft_path={sft_path}",
         "--config.train.seq_len=768", "--config.train.batch_size=8",
-        f"--config.train.steps={30 if quick else 120}", "--config.train.lr=2e-3",
+        f"--config.train.steps={DEMO_SFT_STEPS[q]}", "--config.train.lr=2e-3",
         "--config.train.eval_every=0", *overrides])
     sft = run_training(sft_cfg, sft_dir)
+    return {"cpt": cpt, "sft": sft, "transcripts": tstats, "sft_dir": sft_dir}
+
+
+def run_demo(workdir: str, overrides=(), quick: bool = False) -> int:
+    """The quick start: CPT -> SFT -> RL -> held-out eval of the tiny model, printing a table."""
+    t0 = time.time()
+    built = build_sft_model(workdir, overrides, quick)
+    cpt, sft, sft_dir = built["cpt"], built["sft"], built["sft_dir"]
+    n_tasks, passes = DEMO_EVAL[int(bool(quick))]
 
     print("== 3/4 RL (async, Dr. GRPO, router replay) ==", flush=True)
     rl_dir = None
@@ -137,28 +157,38 @@ def run_demo(workdir: str, overrides=(), quick: bool = False) -> int:
     except ImportError as e:
         print(f"RL stage not available in this build ({e}); evaluating the SFT model only", flush=True)
 
-    print("== 4/4 held-out evaluation (pass@1 and best-of-K) ==", flush=True)
-    before = evaluate_run(sft_dir, os.path.join(workdir, "eval_sft"), n_tasks=8 if quick else 16,
-                          passes=2 if quick else 4)
-    rows = [("CPT -> SFT", before)]
+    print(f"== 4/4 held-out evaluation (pass@1 and best-of-K; {n_tasks} tasks x {passes}, "
+          f"temperature {TEMPERATURE}) ==", flush=True)
+    rows = [("CPT -> SFT", evaluate_run(sft_dir, os.path.join(workdir, "eval_sft"), n_tasks=n_tasks,
+                                        passes=passes, temperature=TEMPERATURE))]
     if rl_dir:
-        rows.append(("CPT -> SFT -> RL", evaluate_run(rl_dir, os.path.join(workdir, "eval_rl"),
-                                                     n_tasks=8 if quick else 16, passes=2 if quick else 4)))
-    print("\n| stage | held-out loss (first -> last) | codebase ppl |", flush=True)
-    print("|---|---|---|")
-    print(f"| CPT | {cpt['initial_eval'].get('heldout_loss', float('nan')):.3f} -> "
-          f"{cpt['final_eval'].get('heldout_loss', float('nan')):.3f} | "
-          f"{cpt['initial_eval']['codebase_ppl']:.1f} -> {cpt['final_eval']['codebase_ppl']:.1f} |")
-    print(f"| SFT | -> {sft['final_eval'].get('heldout_loss', float('nan')):.3f} | "
-          f"{sft['final_eval']['codebase_ppl']:.1f} |")
-    print("\n| model | suite | pass@1 | best-of-K | completion tokens |")
-    print("|---|---|---|---|---|")
+        rows.append(("CPT -> SFT -> RL", evaluate_run(rl_dir, os.path.join(workdir, "eval_rl"), n_tasks=n_tasks,
+                                                     passes=passes, temperature=TEMPERATURE)))
+    print("\n" + stage_table(cpt, sft) + "\n\n" + eval_table(rows), flush=True)
+    print(f"\ndemo finished in {time.time() - t0:.0f} s; runs in {workdir}", flush=True)
+    return 0
+
+
+def stage_table(cpt: dict, sft: dict) -> str:
+    """Markdown: CPT held-out loss and codebase perplexity before/after, SFT's after."""
+    nan = float("nan")
+    return "\n".join([
+        "| stage | held-out loss (first -> last) | codebase ppl |", "|---|---|---|",
+        f"| CPT | {cpt['initial_eval'].get('heldout_loss', nan):.3f} -> {cpt['final_eval'].get('heldout_loss', nan):.3f} | "
+        f"{cpt['initial_eval']['codebase_ppl']:.1f} -> {cpt['final_eval']['codebase_ppl']:.1f} |",
+        f"| SFT | -> {sft['final_eval'].get('heldout_loss', nan):.3f} | {sft['final_eval']['codebase_ppl']:.1f} |"])
+
+
+def eval_table(rows) -> str:
+    """Markdown: per (model name, benchmark report) and suite, pass@1, best-of-K (K = the
+    number of attempts per task), mean completion tokens per attempt and malformed-call rate."""
+    out = ["| model | suite | pass@1 | best-of-K | completion tokens | malformed calls |", "|---|---|---|---|---|---|"]
     for name, report in rows:
         for suite in report["suites"]:
             r = _suite_row(report, suite)
             pk = r["pass_at_k"] or {}
-            kmax = max(pk, key=lambda k: int(k)) if pk else None
-            print(f"| {name} | {suite} | {r['accuracy']:.3f} | "
-                  f"{(pk[kmax] if kmax else float('nan')):.3f} (K={kmax}) | {r['completion_tokens_per_task']:.0f} |")
-    print(f"\ndemo finished in {time.time() - t0:.0f} s; runs in {workdir}", flush=True)
-    return 0
+            kmax = max(pk, key=int) if pk else None
+            best = f"{pk[kmax]:.3f} (K={kmax})" if kmax else "n/a"
+            out.append(f"| {name} | {suite} | {r['accuracy']:.3f} | {best} | "
+                       f"{r['completion_tokens_per_task']:.0f} | {r['malformed_call_rate']:.3f} |")
+    return "\n".join(out)

@@ -5,6 +5,7 @@ section. `configs/rl_tiny.py:toy` uses the token toy task (no sandbox, seconds p
         --config.train.init_from=runs/demo/sft
 """
 from c2jax.config import merge_into_defaults
+from c2jax.pipeline import SYSTEM_PROMPT, TEMPERATURE
 from c2jax.rl.config import rl_defaults
 
 
@@ -24,6 +25,8 @@ def get_config(arg=None):
         "rl.max_new_tokens": 128, "rl.max_turns": 4, "rl.max_total_tokens": 768,
         "rl.env_workers": 8, "rl.sampler_slots": 8, "rl.eval_every": 10, "rl.eval_tasks": 8, "rl.eval_k": 4,
         "rl.constant_normalizer_len": 768, "rl.kl_coef": 1e-3,
+        # The demo SFT model's episode format and sampling temperature (c2jax/pipeline.py).
+        "rl.system_prompt": SYSTEM_PROMPT, "rl.temperature": TEMPERATURE, "rl.eval_temperature": TEMPERATURE,
     }
     if arg == "toy":
         updates.update({
@@ -31,7 +34,7 @@ def get_config(arg=None):
             "model.moe_intermediate_size": 32, "model.head_dim": 8, "model.init_std": 0.1, "train.lr": 3e-3,
             "rl.env": "toy", "rl.max_new_tokens": 8, "rl.toy_prompt_len": 8, "rl.constant_normalizer_len": 16,
             "rl.group_size": 8, "rl.prompts_per_step": 2, "rl.eval_tasks": 16, "rl.eval_k": 4, "rl.eval_every": 0,
-            "rl.env_workers": 8, "rl.sampler_slots": 16,
+            "rl.env_workers": 8, "rl.sampler_slots": 16, "rl.temperature": 1.0, "rl.eval_temperature": 1.0,
         })
     elif arg not in (None, ""):
         raise ValueError(f"configs/rl_tiny.py: unknown arg {arg!r}; use toy or nothing")

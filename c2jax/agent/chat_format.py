@@ -254,14 +254,42 @@ class TokenCodec:
     def __init__(self, tokenizer: Any):
         self.tok = tokenizer
         self._stop_ids: set[int] | None = None
+        self._special: dict[str, list[int]] = {}
 
     def encode(self, text: str) -> list[int]:
+        """Special-token strings become the tokenizer's special ids (even for tokenizers that
+        spell them out in raw text, like c2jax's); the text between them is encoded as is."""
+        ids: list[int] = []
+        pos = 0
+        for m in _SPECIAL_RE.finditer(text):
+            ids += self._encode_raw(text[pos:m.start()]) + self._special_ids(m.group(0))
+            pos = m.end()
+        return ids + self._encode_raw(text[pos:])
+
+    def _encode_raw(self, text: str) -> list[int]:
+        if not text:
+            return []
         try:
             r = self.tok.encode(text, add_special_tokens=False)
         except TypeError:
             r = self.tok.encode(text)
         ids = getattr(r, "ids", r)
         return [int(i) for i in ids]
+
+    def _special_ids(self, token: str) -> list[int]:
+        if token not in self._special:
+            i = None
+            for attr in ("token_id", "token_to_id"):  # c2jax Tokenizer, HF tokenizers.Tokenizer
+                fn = getattr(self.tok, attr, None)
+                if callable(fn):
+                    try:
+                        i = fn(token)
+                    except (KeyError, ValueError):
+                        i = None
+                    if i is not None:
+                        break
+            self._special[token] = [int(i)] if i is not None else self._encode_raw(token)
+        return self._special[token]
 
     def decode(self, ids) -> str:
         ids = [int(i) for i in ids]

@@ -214,7 +214,14 @@ def main(cfg, topology: str | None = None) -> dict:
     """Compile the train step (and the decode step) of `cfg` for a TPU topology on this machine.
     Returns the report: per-chip HBM (GiB) vs capacity, fits, FLOPs per chip and step, the step
     time those FLOPs imply at peak, compile seconds. Raises ConfigError before compiling for a
-    bad mesh request."""
+    bad mesh request. The programs are traced with TPU as the target (c2jax.platform), so the
+    CPU-only layouts of this host (capacity block dispatch, CPU decode attention) stay out."""
+    from c2jax.platform import compile_target
+    with compile_target("tpu"):
+        return _main(cfg, topology)
+
+
+def _main(cfg, topology: str | None) -> dict:
     from c2jax.config import validate
     from c2jax.models import flops_per_token, param_count
     from c2jax.parallel.mesh import make_mesh

@@ -1,0 +1,80 @@
+"""The demo pipeline's pieces: oracle transcripts in the harness's exact token format (special
+tokens as single ids, the tiny system prompt), the RL config in the same format, and the
+before/after tables. The end-to-end run is `make demo`; RL learning from the demo's SFT model
+is tests/rl/test_rl_harness.py (opt-in)."""
+import json
+import os
+
+import pytest
+
+from c2jax import pipeline
+from c2jax import special_tokens as st
+from c2jax.agent.sandbox import unavailable_reason
+from c2jax.config import load_config
+from c2jax.data.tokenizer import sample_texts, train_tokenizer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NO_SANDBOX = unavailable_reason()
+
+
+@pytest.mark.skipif(bool(NO_SANDBOX), reason=NO_SANDBOX or "")
+def test_oracle_transcripts_use_special_ids_and_mask_only_model_tokens(tmp_path):
+    tok = train_tokenizer(sample_texts(enumerate(["def add(a, b):\n    return a + b\n" * 20]), 1.0),
+                          vocab_size=300, min_frequency=1)
+    path = str(tmp_path / "t.jsonl")
+    stats = pipeline.write_oracle_transcripts(tok, path, n_per_suite=4)
+    assert stats == {"tasks": 4, "kept": 4, "failed": 0, "too_long": 0}
+    rows = [json.loads(line) for line in open(path)]
+    end, call, asst = (tok.token_id(t) for t in (st.END_TURN, st.TOOL_CALL, st.ASSISTANT))
+    for r in rows:
+        ids, mask = r["tokens"], r["loss_mask"]
+        assert ids[0] == tok.token_id(st.SYSTEM)
+        assert tok.decode(ids).startswith(st.SYSTEM + pipeline.SYSTEM_PROMPT + st.END_TURN)
+        # three model turns (read, edit, final), each ending in the END_TURN id, which the model
+        # must emit itself (it is the sampler's stop token)
+        model = [i for i, m in zip(ids, mask) if m]
+        assert model.count(end) == 3 and model[-1] == end and model[0] == call
+        starts = [k for k in range(1, len(ids)) if mask[k] and not mask[k - 1]]
+        assert len(starts) == 3 and all(ids[k - 1] == asst for k in starts)
+
+
+def test_rl_tiny_uses_the_demo_episode_format():
+    cfg = load_config(os.path.join(ROOT, "configs/rl_tiny.py"))
+    assert cfg.rl.system_prompt == pipeline.episode_config().system_prompt == pipeline.SYSTEM_PROMPT
+    assert cfg.rl.temperature == cfg.rl.eval_temperature == pipeline.TEMPERATURE
+    assert not cfg.rl.list_tools_in_system and not pipeline.episode_config().list_tools_in_system
+    toy = load_config(os.path.join(ROOT, "configs/rl_tiny.py:toy"))
+    assert toy.rl.temperature == 1.0
+
+
+def _report(passed, tokens):
+    """A run_benchmark-shaped report from passed[task][attempt] (via its own summarizer)."""
+    from c2jax.evals.benchmark import default_ks, summarize_suite
+
+    class R:
+        def __init__(self, ok, n):
+            self.grade = type("G", (), {"passed": ok, "score": float(ok)})()
+            self.stats = {"tool_calls": 2, "malformed_calls": 1, "completion_tokens": n, "turns": 3, "wall_s": 0.1,
+                          "finish_reason": "final"}
+            self.trajectory = type("T", (), {"tokens_T": [0] * (n + 10)})()
+
+    tasks = [type("Task", (), {"prompt": "p", "reference_solution": [], "files": {}})() for _ in passed]
+    grid = [[R(ok, n) for ok, n in zip(ps, ts)] for ps, ts in zip(passed, tokens)]
+    k = len(passed[0])
+    return {"suites": {"synthetic:1": summarize_suite(tasks, grid, k, None, default_ks(k))}}
+
+
+def test_eval_table_reports_pass1_best_of_k_and_tokens():
+    before = _report([[1, 0, 0, 0], [0, 0, 0, 0]], [[10, 20, 30, 40]] * 2)   # pass@1 1/8, best-of-4 1/2
+    after = _report([[1, 1, 0, 1], [0, 1, 0, 0]], [[10, 10, 10, 10]] * 2)    # 4/8, 2/2
+    lines = pipeline.eval_table([("SFT", before), ("SFT -> RL", after)]).splitlines()
+    assert lines[2] == "| SFT | synthetic:1 | 0.125 | 0.500 (K=4) | 25 | 0.500 |"
+    assert lines[3] == "| SFT -> RL | synthetic:1 | 0.500 | 1.000 (K=4) | 10 | 0.500 |"
+
+
+def test_stage_table():
+    cpt = {"initial_eval": {"heldout_loss": 6.9, "codebase_ppl": 1000.0},
+           "final_eval": {"heldout_loss": 5.5, "codebase_ppl": 280.0}}
+    sft = {"final_eval": {"heldout_loss": 8.0, "codebase_ppl": 3000.0}}
+    t = pipeline.stage_table(cpt, sft)
+    assert "| CPT | 6.900 -> 5.500 | 1000.0 -> 280.0 |" in t and "| SFT | -> 8.000 | 3000.0 |" in t
