@@ -137,6 +137,12 @@ def _attend(cfg, q, k, v, positions_BL, segment_ids_BL, k_pos_BS, k_seg_BS, scal
     return dot_product_attention(q, k, v, mask, scale)
 
 
+def _cp_prefill(L: int) -> bool:
+    """Cache path with more than DECODE_MAX_QUERIES tokens under an active context axis."""
+    from c2jax.parallel import context as cp
+    return cp.cp_prefill_active(L)
+
+
 class GQAAttention(nn.Module):
     """Grouped-query attention with optional per-head QK RMSNorm before RoPE (Qwen3)."""
 
@@ -163,6 +169,11 @@ class GQAAttention(nn.Module):
         if cache is None:
             out = _attend(m, q, k, v, positions_BL, segment_ids_BL, positions_BL, segment_ids_BL, scale)
             new_cache = None
+        elif _cp_prefill(L):
+            # prefill under context parallelism: gather the new K/V, write the cache, local queries
+            from c2jax.parallel import context as cp
+            out, ck, cv = cp.gqa_context_prefill(q, k, v, positions_BL, cache["k"], cache["v"], scale)
+            new_cache = {"k": ck, "v": cv}
         else:
             new_cache = {"k": write_cache(cache["k"], k, positions_BL),
                          "v": write_cache(cache["v"], v, positions_BL)}
@@ -225,6 +236,11 @@ class MLAAttention(nn.Module):
             out = _attend(m, qf, k, kv[..., N:], positions_BL, segment_ids_BL, positions_BL,
                           segment_ids_BL, scale)
             new_cache = None
+        elif _cp_prefill(L):
+            # prefill under context parallelism: gather the new latents, write the cache, local queries
+            out, cl, ckr = cp.mla_context_prefill(q_nope, q_rope, latent_BLC, k_rope_BLR, kv_b_CHX, positions_BL,
+                                                  cache["latent"], cache["k_rope"], scale, dt)
+            new_cache = {"latent": cl, "k_rope": ckr}
         else:
             new_cache = {"latent": write_cache(cache["latent"], latent_BLC, positions_BL),
                          "k_rope": write_cache(cache["k_rope"], k_rope_BLR, positions_BL)}

@@ -15,6 +15,10 @@ context axis > 1), each a `jax.shard_map` over the whole mesh:
 - GQA `allgather` (`gqa_context_attention` with impl="allgather"): all-gather K/V, attend.
 - GQA `ring`: K/V blocks rotate around the context ring with ppermute; an online softmax
   accumulates the result (per-step logits are L/CP x L/CP).
+- Prefill into a KV cache (`gqa_context_prefill`, `mla_context_prefill`, from the cache branch
+  of the attention for more than DECODE_MAX_QUERIES tokens per row): all-gather the new K/V or
+  latents, write them into the cache (replicated over `context`, as decode expects), attend the
+  local queries against the cache. `context_prefill` wraps forward_with_cache with the zigzag.
 
 Letters: B batch, L length (local Lc inside shard_map), S key length, H heads, G kv heads,
 P head dim, C kv latent, R rope dims, N nope dims, O value dims, X = N + O.
@@ -227,6 +231,135 @@ def gqa_context_attention(q_BLHP, k_BLGP, v_BLGO, positions_BL, segment_ids_BL, 
     return fn(q_BLHP, k_BLGP, v_BLGO, positions_BL, segment_ids_BL)
 
 
+# ----------------------------------------------------------------------------- prefill into a KV cache
+# Prefill (forward_with_cache with more than DECODE_MAX_QUERIES tokens per row) under CP: the
+# tokens are sharded over `context` like in training (zigzag when the caller permutes them, see
+# `context_prefill`). Each rank all-gathers the new K/V (MLA: latent + rotary key) and positions
+# of the whole chunk, writes them into its copy of the cache (replicated over `context`, sharded
+# over the batch axes as in decode: every context rank writes the same entries), and attends its
+# local queries against the updated cache, masked by slot position exactly like the single-device
+# cache path. Because the keys are the cache, a non-empty cache prefix (chunked prefill, or a
+# verify step of a few tokens) is exact too. cp_impl does not apply: the cache needs the gathered
+# entries anyway, so there is no ring variant here.
+
+
+def _cache_spec(b_axes, ndim: int):
+    return P(spec_entry(b_axes), *([None] * (ndim - 1)))
+
+
+def _slots(cache_BS_):
+    B, S = cache_BS_.shape[:2]
+    return jnp.broadcast_to(jnp.arange(S, dtype=jnp.int32), (B, S))
+
+
+def gqa_context_prefill(q_BLHP, k_BLGP, v_BLGP, positions_BL, cache_k_BSGP, cache_v_BSGP, scale: float):
+    """GQA cache path under CP: returns (out [B, L, H, P] sharded like the queries, new K cache,
+    new V cache); the caches equal the single-device `write_cache` results."""
+    from c2jax.models.attention import attention_mask, dot_product_attention, write_cache
+    B, L = q_BLHP.shape[:2]
+    b_axes, l_axes = _token_specs(B, L)
+
+    def body(q, k, v, pos, ck, cv):
+        pos_S = _gather_len(pos)
+        ck = write_cache(ck, _gather_len(k), pos_S)
+        cv = write_cache(cv, _gather_len(v), pos_S)
+        slots, dt = _slots(ck), q.dtype
+        kd, vd = ck.astype(dt), cv.astype(dt)
+        out = _map_query_chunks(lambda qc, pc: dot_product_attention(qc, kd, vd, attention_mask(pc, slots), scale),
+                                _query_chunks(q.shape[1]), q, pos)
+        return out, ck, cv
+
+    tok = lambda n: _spec(b_axes, l_axes, n)
+    cache = _cache_spec(b_axes, 4)
+    # every context rank writes the same gathered entries, so the caches are replicated over
+    # `context`; the all_gather output is typed as varying, hence check_vma=False
+    fn = jax.shard_map(body, in_specs=(tok(2), tok(2), tok(2), tok(0), cache, cache),
+                       out_specs=(tok(2), cache, cache), check_vma=False)
+    return fn(q_BLHP, k_BLGP, v_BLGP, positions_BL, cache_k_BSGP, cache_v_BSGP)
+
+
+def _mla_absorbed_attention(q_nope, q_rope, latent_BSC, k_rope_BSR, kv_b_CHX, positions_BL, scale, dt):
+    """MLA over a latent cache with the up-projection absorbed into query and output: the same
+    computation as the cache branch of c2jax.models.attention.MLAAttention."""
+    from c2jax.models.attention import attention_mask
+    N = q_nope.shape[-1]
+    mask = attention_mask(positions_BL, _slots(latent_BSC))
+    latent = latent_BSC.astype(dt)
+    q_abs_BLHC = jnp.einsum("blhn,chn->blhc", q_nope, kv_b_CHX[..., :N])
+    logits = (jnp.einsum("blhc,bsc->bhls", q_abs_BLHC, latent, preferred_element_type=jnp.float32)
+              + jnp.einsum("blhr,bsr->bhls", q_rope, k_rope_BSR.astype(dt),
+                           preferred_element_type=jnp.float32)) * scale
+    logits = jnp.where(mask[:, None], logits, NEG_INF)
+    probs = jax.nn.softmax(logits, axis=-1).astype(dt)
+    ctx_BLHC = jnp.einsum("bhls,bsc->blhc", probs, latent)
+    return jnp.einsum("blhc,cho->blho", ctx_BLHC, kv_b_CHX[..., N:])
+
+
+def mla_context_prefill(q_nope_BLHN, q_rope_BLHR, latent_BLC, k_rope_BLR, kv_b_CHX, positions_BL,
+                        cache_latent_BSC, cache_k_rope_BSR, scale: float, dtype):
+    """MLA cache path under CP: all-gather the new latents + rotary keys (C + R per token), write
+    them into the cache, attend the local queries (absorbed form) against it. Returns
+    (out [B, L, H, O] sharded like the queries, new latent cache, new rotary-key cache)."""
+    from c2jax.models.attention import write_cache
+    B, L = q_nope_BLHN.shape[:2]
+    b_axes, l_axes = _token_specs(B, L)
+
+    def body(q_nope, q_rope, latent, k_rope, kv_b, pos, cl, ckr):
+        pos_S = _gather_len(pos)
+        cl = write_cache(cl, _gather_len(latent), pos_S)
+        ckr = write_cache(ckr, _gather_len(k_rope), pos_S)
+        out = _map_query_chunks(
+            lambda qn, qr, pc: _mla_absorbed_attention(qn, qr, cl, ckr, kv_b, pc, scale, dtype),
+            _query_chunks(q_nope.shape[1]), q_nope, q_rope, pos)
+        return out, cl, ckr
+
+    tok = lambda n: _spec(b_axes, l_axes, n)
+    cache = _cache_spec(b_axes, 3)
+    fn = jax.shard_map(body, in_specs=(tok(2), tok(2), tok(1), tok(1), P(), tok(0), cache, cache),
+                       out_specs=(tok(2), cache, cache), check_vma=False)
+    return fn(q_nope_BLHN, q_rope_BLHR, latent_BLC, k_rope_BLR, kv_b_CHX.astype(dtype), positions_BL,
+              cache_latent_BSC, cache_k_rope_BSR)
+
+
+def cp_prefill_active(length: int) -> bool:
+    """True when a cache-path call of `length` tokens per row runs the CP prefill: CP is active
+    and divides the length, and the call is not a decode step (those keep the decode path)."""
+    from c2jax.models.attention import DECODE_MAX_QUERIES
+    return length > DECODE_MAX_QUERIES and cp_active(length)
+
+
+def context_prefill(cfg, params, tokens_BL, positions_BL, cache):
+    """`forward_with_cache` with the 2*CP zigzag causal load balance under an active CP mesh:
+    pads each row to a multiple of 2*CP (pad tokens get position S = cache length, so their
+    cache writes are dropped and no real query sees them), zigzag-permutes tokens and positions,
+    runs the model (whose attention then takes the CP prefill path) and returns
+    ForwardOutput(logits [B, L, V] in the original token order, aux, new cache). aux's per-token
+    arrays (expert_ids [N, B, L, K]) are returned in the original order too; aggregate stats
+    (expert_load) include the pad tokens. Outside a CP mesh it is forward_with_cache."""
+    from c2jax.models.attention import DECODE_MAX_QUERIES
+    from c2jax.models.transformer import ForwardOutput, forward_with_cache
+    tokens_BL = jnp.asarray(tokens_BL, jnp.int32)
+    positions_BL = jnp.asarray(positions_BL, jnp.int32)
+    B, L = tokens_BL.shape
+    cp = context_size()
+    if cp <= 1 or CONTEXT not in active_logical_axes("length"):
+        return forward_with_cache(cfg, params, tokens_BL, positions_BL, cache)
+    Lp = -(-L // (2 * cp)) * (2 * cp)
+    if Lp <= DECODE_MAX_QUERIES:
+        return forward_with_cache(cfg, params, tokens_BL, positions_BL, cache)
+    S = jax.tree.leaves(cache)[0].shape[2]   # stacked caches: [layers, B, S, ...]
+    if Lp > L:
+        tokens_BL = jnp.pad(tokens_BL, ((0, 0), (0, Lp - L)))
+        positions_BL = jnp.pad(positions_BL, ((0, 0), (0, Lp - L)), constant_values=S)
+    tokens_BL, positions_BL = zigzag_permute((tokens_BL, positions_BL), cp)
+    out = forward_with_cache(cfg, params, tokens_BL, positions_BL, cache)
+    logits = zigzag_unpermute(out.logits, cp)[:, :L]
+    aux = dict(out.aux)
+    if "expert_ids" in aux:
+        aux["expert_ids"] = zigzag_unpermute(aux["expert_ids"], cp, axis=2)[:, :, :L]
+    return ForwardOutput(logits, aux, out.cache)
+
+
 def cp_active(length: int | None = None) -> bool:
     """True when the active mesh shards the sequence over a context axis > 1 (and, given the
     length, when the context axis divides it; otherwise GSPMD runs the unsharded attention,
@@ -240,9 +373,13 @@ def cp_active(length: int | None = None) -> bool:
 __all__ = [
     "axes_size",
     "context_size",
+    "context_prefill",
     "cp_active",
+    "cp_prefill_active",
     "gqa_context_attention",
+    "gqa_context_prefill",
     "mla_context_attention",
+    "mla_context_prefill",
     "zigzag_order",
     "zigzag_permute",
     "zigzag_unpermute",
