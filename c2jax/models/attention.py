@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from c2jax.models.layers import Linear, RMSNorm, apply_rope, dtype_of, rope_frequencies, softmax_scale
+from c2jax.platform import target_backend
 
 NEG_INF = -1e30
 DECODE_MAX_QUERIES = 4  # cached GQA with at most this many new tokens per row uses decode_attention
@@ -87,7 +88,7 @@ def write_cache(cache_BS_, new_BL_, positions_BL):
     Few tokens per row (decode steps): one in-place dynamic_update_slice per entry; XLA CPU
     runs the batched scatter out of place, copying the whole cache at every step."""
     B, L = positions_BL.shape
-    if L <= DECODE_MAX_QUERIES:
+    if L <= DECODE_MAX_QUERIES and target_backend() == "cpu":
         return _write_cache_entries(cache_BS_, new_BL_, positions_BL)
 
     def one_row(c, n, p):
@@ -179,7 +180,7 @@ class GQAAttention(nn.Module):
                          "v": write_cache(cache["v"], v, positions_BL)}
             S = new_cache["k"].shape[1]
             slots_BS = jnp.broadcast_to(jnp.arange(S, dtype=jnp.int32), (B, S))
-            if L <= DECODE_MAX_QUERIES:
+            if L <= DECODE_MAX_QUERIES and target_backend() == "cpu":
                 out = decode_attention(q, new_cache["k"].astype(dt), new_cache["v"].astype(dt),
                                        attention_mask(positions_BL, slots_BS), scale)
             else:

@@ -30,15 +30,27 @@ class Linear(nn.Module):
 
     @nn.compact
     def __call__(self, x):
-        kernel = self.param(
-            "kernel", nn.with_logical_partitioning(nn.initializers.normal(self.init_std), self.axes),
-            (x.shape[-1], self.features), self.param_dtype)
-        y = jnp.einsum("...d,df->...f", x.astype(self.dtype), kernel.astype(self.dtype))
+        pre = self.get_variable("params", "kernel") if self.has_variable("params", "kernel") else None
+        if hasattr(pre, "values_KN"):  # pre-quantized inference weight (c2jax.sampling.quantized)
+            y = quantized_matmul(x.astype(self.dtype), pre).astype(self.dtype)
+        else:
+            kernel = self.param(
+                "kernel", nn.with_logical_partitioning(nn.initializers.normal(self.init_std), self.axes),
+                (x.shape[-1], self.features), self.param_dtype)
+            y = jnp.einsum("...d,df->...f", x.astype(self.dtype), kernel.astype(self.dtype))
         if self.use_bias:
             bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, self.axes[1:]),
                               (self.features,), self.param_dtype)
             y = y + bias.astype(self.dtype)
         return y
+
+
+def quantized_matmul(x_LK, w):
+    """x @ w for a pallas_kernels.QuantizedWeight w [K, N] (weight-only: the weight's 1-byte values
+    and scales are read, activations stay in bf16); any leading dims on x."""
+    import pallas_kernels  # dispatcher; the model never calls a backend kernel directly
+    y = pallas_kernels.qmatmul(x_LK.reshape(-1, x_LK.shape[-1]), w, mode="weight_only")
+    return y.reshape(*x_LK.shape[:-1], y.shape[-1])
 
 
 class RMSNorm(nn.Module):

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from c2jax.models.layers import MLP, dtype_of
+from c2jax.platform import target_backend
 
 
 # ----------------------------------------------------------------------------- routing
@@ -117,7 +118,7 @@ def sort_assignments(ids_TK, num_experts):
 def grouped_dispatch(x_TD, ids_TK, weights_TK, w_gate, w_up, w_down, quant="none", gmm=None):
     """Dropless: sort assignments by expert, grouped matmuls, unsort, weighted sum over k."""
     T, K = ids_TK.shape
-    E = w_gate.shape[0]
+    E = getattr(w_gate, "values_GKN", w_gate).shape[0]  # float or pre-quantized QuantizedExperts
     order_A, group_sizes_E = sort_assignments(ids_TK, E)
     x_AD = x_TD[order_A // K]
     y_AD = _expert_ffn(x_AD, w_gate, w_up, w_down, group_sizes_E, gmm or _dispatcher_gmm(quant))
@@ -137,6 +138,85 @@ def gather_dispatch(x_TD, ids_TK, weights_TK, w_gate, w_up, w_down):
     return out.astype(dt), jnp.zeros((), f32)
 
 
+def window_widths(n_assignments: int) -> list[int]:
+    """Row windows of split_dispatch: 1, 2, 4, ... up to the first power of two >= A."""
+    return [1 << i for i in range(max(n_assignments - 1, 0).bit_length() + 1)]
+
+
+ROW_WISE_MAX_ROWS = 4  # split_dispatch windows up to this many rows run as one-row matmuls
+
+
+def split_experts(w_gate_EDF, w_up_EDF, w_down_EFD):
+    """Per-expert buffers for split_dispatch: ((w_gate_up_D2F, w_down_FD), ...), gate and up
+    concatenated (one matmul reads both; larger matmuls run faster on CPU)."""
+    return tuple((jnp.concatenate([w_gate_EDF[e], w_up_EDF[e]], axis=1), w_down_EFD[e])
+                 for e in range(w_gate_EDF.shape[0]))
+
+
+def split_dispatch(x_TD, ids_TK, weights_TK, experts):
+    """Dropless over per-expert weight buffers: experts[e] = (w_gate_up_D2F, w_down_FD), each its
+    own array (split_experts). Assignments are sorted by expert; each expert that some token chose runs one
+    SwiGLU on a window of the sorted rows starting at its first row, the window being the
+    smallest power of two >= its count (lax.switch; padded to the widest window W); unchosen
+    experts are skipped. So a step reads only the chosen experts' weights, once each, where
+    they lie: on CPU XLA copies any slice of a stacked [E, D, F] array before a matmul reads
+    it (the decode path, c2jax.sampling.unrolled, keeps experts split for this). The experts'
+    branches are independent (XLA may run them concurrently); their rows are then written
+    back in place, each expert's own rows only. Windows of <= ROW_WISE_MAX_ROWS rows run as
+    one-row matmuls (XLA CPU's few-row matmuls stream weights slower than one-row ones)."""
+    T, K = ids_TK.shape
+    E, A, D = len(experts), T * K, x_TD.shape[-1]
+    f32, dt = jnp.float32, x_TD.dtype
+    order_A, n_E = sort_assignments(ids_TK, E)
+    start_E = (jnp.cumsum(n_E) - n_E).astype(jnp.int32)
+    widths = window_widths(A)
+    W = widths[-1]
+    branch_E = jnp.where(n_E > 0, 1 + jnp.sum(jnp.asarray(widths)[None] < n_E[:, None], axis=1), 0)
+    x_RD = jnp.concatenate([x_TD[order_A // K], jnp.zeros((W, D), dt)])
+
+    def ffn(x_mD, wgu, wd):
+        h_m2F = jnp.dot(x_mD, wgu, preferred_element_type=f32).astype(dt)
+        F = wd.shape[0]
+        return jnp.dot(nn.silu(h_m2F[:, :F]) * h_m2F[:, F:], wd, preferred_element_type=f32).astype(dt)
+
+    def window(w, wgu, wd, s):
+        x_wD = jax.lax.dynamic_slice_in_dim(x_RD, s, w)
+        if 1 < w <= ROW_WISE_MAX_ROWS:
+            y_wD = jnp.concatenate([ffn(x_wD[i:i + 1], wgu, wd) for i in range(w)])
+        else:
+            y_wD = ffn(x_wD, wgu, wd)
+        return jnp.pad(y_wD, ((0, W - w), (0, 0)))
+
+    y_RD = jnp.zeros_like(x_RD)
+    for e, (wgu, wd) in enumerate(experts):
+        branches = [lambda: jnp.zeros((W, D), dt)]
+        branches += [functools.partial(window, w, wgu, wd, start_E[e]) for w in widths]
+        y_WD = jax.lax.switch(branch_E[e], branches)
+        old_WD = jax.lax.dynamic_slice_in_dim(y_RD, start_E[e], W)
+        mine_W1 = (jnp.arange(W) < n_E[e])[:, None]
+        y_RD = jax.lax.dynamic_update_slice_in_dim(y_RD, jnp.where(mine_W1, y_WD, old_WD), start_E[e], 0)
+    y_TKD = jnp.zeros((A, D), dt).at[order_A].set(y_RD[:A]).reshape(T, K, D)
+    out = jnp.einsum("tkd,tk->td", y_TKD.astype(f32), weights_TK.astype(f32))
+    return out.astype(dt), jnp.zeros((), f32)
+
+
+def split_moe(m, p, x_BLD):
+    """The MoE layer as MoE.__call__ computes it (no router replay) on split params: p holds
+    router, router_bias (if m.router_bias), shared (if shared experts) and experts
+    (split_experts). Returns (y_BLD, expert ids int32 [B, L, K])."""
+    B, L, D = x_BLD.shape
+    dt, pdt = dtype_of(m.dtype), dtype_of(m.param_dtype)
+    x_TD = x_BLD.reshape(B * L, D)
+    logits_TE = jnp.einsum("td,de->te", x_TD.astype(jnp.float32), p["router"].astype(jnp.float32))
+    ids_TK, weights_TK, _, _ = select_experts(logits_TE, p.get("router_bias"), m)
+    y_TD, _ = split_dispatch(x_TD.astype(dt), ids_TK, weights_TK, p["experts"])
+    y_BLD = y_TD.reshape(B, L, D)
+    if m.num_shared_experts:
+        shared = MLP(m.moe_intermediate_size * m.num_shared_experts, dt, pdt, m.init_std)
+        y_BLD = y_BLD + shared.apply({"params": p["shared"]}, x_BLD)
+    return y_BLD.astype(x_BLD.dtype), ids_TK.reshape(B, L, -1).astype(jnp.int32)
+
+
 MIN_DROPLESS_CAPACITY = 64
 
 
@@ -150,7 +230,7 @@ def capacity_dispatch(x_TD, ids_TK, weights_TK, w_gate, w_up, w_down, capacity_f
     # Small token counts (decode steps) get cap = T: dropless, so decoding stays exact and
     # batch-invariant; large ones get the configured factor.
     cap = min(T, max(int(math.ceil(capacity_factor * T * K / E)), MIN_DROPLESS_CAPACITY))
-    if jax.default_backend() == "cpu":
+    if target_backend() == "cpu":
         return _block_dispatch(x_TD, ids_TK, weights_TK, w_gate, w_up, w_down, cap, CPU_BLOCK_ROWS)
     order_A, group_sizes_E = sort_assignments(ids_TK, E)
     flat_A = ids_TK.reshape(-1)
@@ -276,7 +356,7 @@ def resolve_dispatch(m) -> str:
         return m.moe_dispatch
     if m.quant != "none":
         return "grouped"
-    return "capacity" if jax.default_backend() == "cpu" else "grouped"
+    return "capacity" if target_backend() == "cpu" else "grouped"
 
 
 def make_dropless(m) -> None:
@@ -286,6 +366,16 @@ def make_dropless(m) -> None:
     if m.num_experts and resolve_dispatch(m) == "capacity":
         m.moe_dispatch = "capacity"
         m.capacity_factor = float(m.num_experts) / m.num_experts_per_tok
+
+
+def _expert_weight(mod, name, init, axes, shape, pdt, dt):
+    """A float expert weight param, or the pre-quantized QuantizedExperts stored under its name
+    (c2jax.sampling.quantized: gmm reads the quantized values directly)."""
+    if mod.has_variable("params", name):
+        w = mod.get_variable("params", name)
+        if hasattr(w, "values_GKN"):
+            return w
+    return mod.param(name, nn.with_logical_partitioning(init, axes), shape, pdt).astype(dt)
 
 
 class MoE(nn.Module):
@@ -311,22 +401,24 @@ class MoE(nn.Module):
         forced = None if forced_ids_BLK is None else forced_ids_BLK.reshape(B * L, K)
         ids_TK, weights_TK, scores_TE, replaced_TK = select_experts(logits_TE, bias, m, forced)
         axes = ("experts", "expert_embed", "expert_mlp")
-        w_gate = self.param("w_gate", nn.with_logical_partitioning(init, axes), (E, D, F), pdt).astype(dt)
-        w_up = self.param("w_up", nn.with_logical_partitioning(init, axes), (E, D, F), pdt).astype(dt)
-        w_down = self.param("w_down", nn.with_logical_partitioning(init, ("experts", "expert_mlp", "expert_embed")),
-                            (E, F, D), pdt).astype(dt)
+        w_gate = _expert_weight(self, "w_gate", init, axes, (E, D, F), pdt, dt)
+        w_up = _expert_weight(self, "w_up", init, axes, (E, D, F), pdt, dt)
+        w_down = _expert_weight(self, "w_down", init, ("experts", "expert_mlp", "expert_embed"), (E, F, D), pdt, dt)
+        prequant = hasattr(w_gate, "values_GKN")
         x_TD = x_TD.astype(dt)
         # expert parallelism when the mesh has an expert-parallel group > 1
         from c2jax.parallel import experts as ep
         ep_plan = ep.ep_plan(B, L, E)
+        if ep_plan is not None and prequant:
+            raise NotImplementedError("pre-quantized expert weights under expert parallelism are not supported")
         if ep_plan is not None:
             y_BLD, dropped = ep.expert_parallel_dispatch(x_TD.reshape(B, L, D), ids_TK.reshape(B, L, K),
                                                          weights_TK.reshape(B, L, K), w_gate, w_up, w_down, m,
                                                          ep_plan)
             y_TD = y_BLD.reshape(B * L, D)
-        elif m.quant == "none" and B * L * K < E:
+        elif m.quant == "none" and not prequant and B * L * K < E:
             y_TD, dropped = gather_dispatch(x_TD, ids_TK, weights_TK, w_gate, w_up, w_down)
-        elif resolve_dispatch(m) == "grouped":
+        elif prequant or resolve_dispatch(m) == "grouped":
             y_TD, dropped = grouped_dispatch(x_TD, ids_TK, weights_TK, w_gate, w_up, w_down, m.quant)
         else:
             y_TD, dropped = capacity_dispatch(x_TD, ids_TK, weights_TK, w_gate, w_up, w_down, m.capacity_factor)

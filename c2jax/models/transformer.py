@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from c2jax.models.attention import GQAAttention, MLAAttention, init_layer_cache
 from c2jax.models.layers import MLP, Linear, RMSNorm, dtype_of
 from c2jax.models.moe import MoE
+from c2jax.parallel.embed import embed_lookup
 
 
 def model_cfg(cfg):
@@ -85,15 +86,39 @@ class MTPHead(nn.Module):
     moe: bool
 
     @nn.compact
-    def __call__(self, h_BLD, next_emb_BLD, positions_BL, segment_ids_BL):
+    def __call__(self, h_BLD, next_emb_BLD, positions_BL, segment_ids_BL, cache=None):
         m = self.cfg
         pdt = dtype_of(m.param_dtype)
         hn = RMSNorm(m.rms_norm_eps, "embed", pdt, name="hnorm")(h_BLD)
         en = RMSNorm(m.rms_norm_eps, "embed", pdt, name="enorm")(next_emb_BLD)
         x = Linear(m.hidden_size, (None, "embed"), dtype=dtype_of(m.dtype), param_dtype=pdt,
                    init_std=m.init_std, name="eh_proj")(jnp.concatenate([en, hn], axis=-1))
-        x, aux, _ = Block(m, self.moe, name="block")(x, positions_BL, segment_ids_BL)
-        return x, aux
+        x, aux, new_cache = Block(m, self.moe, name="block")(x, positions_BL, segment_ids_BL, None, cache)
+        return (x, aux, new_cache) if cache is not None else (x, aux)
+
+
+class MTPStep(nn.Module):
+    """One MTP head on the KV-cache path (speculative drafting): the same param names as in
+    Transformer (embed, mtp_{depth}, final_norm, lm_head), so it applies to the model's params."""
+
+    cfg: Any
+    depth: int
+
+    @nn.compact
+    def __call__(self, h_BLD, ahead_BL, positions_BL, cache):
+        m = self.cfg
+        dt, pdt = dtype_of(m.dtype), dtype_of(m.param_dtype)
+        embed = self.param("embed", nn.initializers.normal(m.init_std), (m.vocab_size, m.hidden_size), pdt)
+        next_emb = embed_lookup(embed, ahead_BL, dt)
+        h, _, new_cache = MTPHead(m, layer_counts(m)[1] > 0, name=f"mtp_{self.depth}")(
+            h_BLD, next_emb, positions_BL, jnp.ones_like(ahead_BL), cache)
+        h_out = RMSNorm(m.rms_norm_eps, "embed", pdt, name="final_norm")(h)
+        if m.tie_embeddings:
+            logits = jnp.einsum("bld,vd->blv", h_out, embed.astype(dt), preferred_element_type=jnp.float32)
+        else:
+            logits = Linear(m.vocab_size, ("embed", "vocab"), dtype=dt, param_dtype=pdt, init_std=m.init_std,
+                            name="lm_head")(h_out)
+        return logits.astype(jnp.float32), h, new_cache
 
 
 class Transformer(nn.Module):
@@ -108,7 +133,7 @@ class Transformer(nn.Module):
         embed = self.param("embed", nn.with_logical_partitioning(nn.initializers.normal(m.init_std),
                                                                  ("vocab", "embed")),
                            (m.vocab_size, m.hidden_size), pdt)
-        x = jnp.take(embed, tokens_BL, axis=0).astype(dt)
+        x = embed_lookup(embed, tokens_BL, dt)
         x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
         n_dense, n_moe = layer_counts(m)
         aux, new_cache = {}, {}
@@ -123,6 +148,7 @@ class Transformer(nn.Module):
             new_cache["moe"] = c
             aux.update(moe_aux)
         hidden_BLD = x
+        self.sow("intermediates", "hidden", hidden_BLD)  # read by speculative decoding (MTP drafts)
         final_norm = RMSNorm(m.rms_norm_eps, "embed", pdt, name="final_norm")
         head = None if m.tie_embeddings else Linear(m.vocab_size, ("embed", "vocab"), dtype=dt,
                                                     param_dtype=pdt, init_std=m.init_std, name="lm_head")
@@ -140,7 +166,7 @@ class Transformer(nn.Module):
             mtp_logits, h = [], hidden_BLD
             for d in range(1, m.num_mtp_layers + 1):
                 ahead_BL = jnp.concatenate([tokens_BL[:, d:], jnp.zeros_like(tokens_BL[:, :d])], axis=1)
-                next_emb = jnp.take(embed, ahead_BL, axis=0).astype(dt)
+                next_emb = embed_lookup(embed, ahead_BL, dt)
                 h, _ = MTPHead(m, n_moe > 0, name=f"mtp_{d}")(h, next_emb, positions_BL, segment_ids_BL)
                 mtp_logits.append(logits_of(h))
             aux["mtp_logits"] = jnp.stack(mtp_logits)
@@ -231,6 +257,32 @@ def forward_with_cache(cfg, params, tokens_BL, positions_BL, cache, *, forced_ex
     logits, aux, new_cache = Transformer(m).apply({"params": params}, tokens_BL, positions_BL, seg,
                                                   forced_expert_ids, cache=cache)
     return ForwardOutput(logits, aux, new_cache)
+
+
+def init_mtp_cache(cfg, batch: int, max_len: int, dtype=None) -> list:
+    """Empty KV caches of the MTP heads' layers, one per depth (for speculative decoding)."""
+    m = model_cfg(cfg)
+    return [init_layer_cache(m, batch, max_len, dtype or dtype_of(m.dtype)) for _ in range(m.num_mtp_layers)]
+
+
+def forward_with_cache_hidden(cfg, params, tokens_BL, positions_BL, cache):
+    """forward_with_cache plus the final hidden states [B, L, D] (before the final norm)."""
+    m = model_cfg(cfg)
+    tokens_BL = jnp.asarray(tokens_BL, jnp.int32)
+    (logits, aux, new_cache), inter = Transformer(m).apply(
+        {"params": params}, tokens_BL, jnp.asarray(positions_BL, jnp.int32), jnp.ones_like(tokens_BL), None,
+        cache=cache, mutable=["intermediates"])
+    return ForwardOutput(logits, aux, new_cache), inter["intermediates"]["hidden"][0]
+
+
+def mtp_forward_with_cache(cfg, params, depth: int, h_BLD, ahead_BL, positions_BL, cache):
+    """MTP head `depth` (1-based) on the cache path: hidden h_BLD of depth-1 (the main model's for
+    depth 1) and the tokens `depth` steps ahead -> (logits f32 [B, L, V], hidden [B, L, D], cache)."""
+    m = model_cfg(cfg)
+    if not 1 <= depth <= m.num_mtp_layers:
+        raise ValueError(f"MTP depth {depth} out of range: model.num_mtp_layers={m.num_mtp_layers}")
+    return MTPStep(m, depth).apply({"params": params}, h_BLD, jnp.asarray(ahead_BL, jnp.int32),
+                                   jnp.asarray(positions_BL, jnp.int32), cache)
 
 
 # ----------------------------------------------------------------------------- accounting

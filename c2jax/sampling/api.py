@@ -30,12 +30,13 @@ def generate(cfg, params, prompts: Sequence[Sequence[int]], max_new_tokens: int 
              n: int = 1, seed: int = 0, top_p: float = 1.0, top_k: int = 0, stop_token_ids: Sequence[int] = (),
              stop_strings: Sequence[str] = (), detokenize: Callable | None = None, max_batch: int | None = None,
              max_len: int | None = None, chunk: int = 32, version: int = 0,
-             sampler: Sampler | None = None) -> GenerateOutput:
+             sampler: Sampler | None = None, speculative: str = "none",
+             quant_scope: str = "experts") -> GenerateOutput:
     """Sample n completions of every prompt (temperature 0 = greedy).
 
     Sample j of prompt i uses the key fold_in(fold_in(key(seed), i), j), so outputs do not
     depend on max_batch or on which other prompts are in the call. Pass `sampler` to reuse
-    a Sampler (and its compiled functions / caches)."""
+    a Sampler (and its compiled functions / caches); speculative / quant_scope: see Sampler."""
     prompts = [list(p) for p in prompts]
     if not prompts:
         raise ValueError("generate() needs at least one prompt")
@@ -44,7 +45,8 @@ def generate(cfg, params, prompts: Sequence[Sequence[int]], max_new_tokens: int 
         max_len = max_len or _round_up(longest + max_new_tokens + 1, 16)
         max_batch = max_batch or min(len(prompts) * n, 64)
         max_batch = max(max_batch, n)
-        sampler = Sampler(cfg, params, max_batch=max_batch, max_len=max_len, chunk=chunk, version=version)
+        sampler = Sampler(cfg, params, max_batch=max_batch, max_len=max_len, chunk=chunk, version=version,
+                          speculative=speculative, quant_scope=quant_scope)
     rids = [sampler.submit(Request(p, max_new_tokens=max_new_tokens, n=n, temperature=temperature, top_p=top_p,
                                    top_k=top_k, stop_token_ids=tuple(stop_token_ids),
                                    stop_strings=tuple(stop_strings), detokenize=detokenize, seed=seed,
@@ -59,7 +61,8 @@ def generate(cfg, params, prompts: Sequence[Sequence[int]], max_new_tokens: int 
         expert_ids=pick(lambda c: c.expert_ids), finish_reason=pick(lambda c: c.finish_reason),
         completions=comps,
         stats={"prefill_tokens": sampler.prefill_tokens, "decode_steps": sampler.decode_steps,
-                   "generated_tokens": sampler.generated_tokens})
+                   "generated_tokens": sampler.generated_tokens, "spec_drafted": sampler.spec_drafted,
+                   "spec_accepted": sampler.spec_accepted})
 
 
 def _round_up(x: int, k: int) -> int:

@@ -42,6 +42,7 @@ import numpy as np
 
 from c2jax.models import transformer as tfm
 from c2jax.sampling import logits as lg
+from c2jax.sampling import unrolled
 
 FINISH = {0: "", 1: "stop", 2: "length", 3: "max_len"}
 MAX_STOP_IDS = 8
@@ -137,12 +138,19 @@ def _finish_codes(tok, ngen, pos_of_tok, max_new, stop, S):
 
 
 @functools.lru_cache(maxsize=32)
-def _kernels(model_json: str, S: int, B: int):
+def _kernels(model_json: str, S: int, B: int, split: bool = False):
+    """(prefill, decode, N). With split, decode takes unrolled.split_params and runs
+    unrolled.decode_step (per-layer weights and caches); prefill always takes the model's params."""
     m = ml_collections.ConfigDict(json.loads(model_json))
     _, N = tfm.layer_counts(m)
 
     def model_step(params, tokens, positions, cache):
         return tfm.forward_with_cache(m, params, tokens, positions, cache)
+
+    def decode_step(params, tokens, positions, cache):
+        if split:
+            return unrolled.decode_step(m, params, tokens, positions, cache)
+        return model_step(params, tokens, positions, cache)
 
     @functools.partial(jax.jit, donate_argnums=(1, 2), static_argnames=("use_filter",))
     def prefill(params, cache, state, tokens_bL, start_b, len_b, src_slot_b,
@@ -188,7 +196,7 @@ def _kernels(model_json: str, S: int, B: int):
         def body(carry):
             i, cache, st, bufs = carry
             positions = jnp.where(st.live, st.pos, S)[:, None]
-            out = model_step(params, st.cur[:, None], positions, cache)
+            out = decode_step(params, st.cur[:, None], positions, cache)
             gen = st.live & ~st.done
             tok, lp, raw = lg.select_tokens(out.logits[:, 0], lg.step_keys(st.key, st.ngen),
                                             st.temp, st.top_k, st.top_p, use_filter)
@@ -204,7 +212,11 @@ def _kernels(model_json: str, S: int, B: int):
             bufs = {k: bufs[k].at[i].set(row[k]) for k in bufs}
             return i + 1, out.cache, new, bufs
 
+        if split:  # per-layer buffers through the loop: each step updates them in place
+            cache = unrolled.split_cache(cache)
         i, cache, state, bufs = jax.lax.while_loop(cond, body, (jnp.int32(0), cache, state, bufs))
+        if split:
+            cache = unrolled.stack_cache(m, cache)
         return cache, state, i, bufs
 
     return prefill, decode, N
@@ -257,27 +269,52 @@ class Sampler:
 
     Options: chunk (decode steps per on-device loop between host checks), exact_moe (no
     token dropping: rows cannot influence each other), cache_dtype,
-    speculative ("none"; MTP drafts not implemented). Quantized experts: set
-    cfg.model.quant (int8/mxfp8/nvfp4); the model's grouped dispatch runs pallas_kernels.gmm.
+    speculative ("none" | "mtp": the MTP heads draft model.num_mtp_layers tokens per step, one
+    main-model forward verifies them; c2jax.sampling.speculative). Quantized weights: set
+    cfg.model.quant (int8/mxfp8/nvfp4); quant_scope picks what is stored pre-quantized, once
+    per weight version (c2jax.sampling.quantized): "experts" (default; bit-identical to the
+    model's on-the-fly quantized experts), "all" (also dense projections, weight-only) or
+    "none" (float params, experts quantized on the fly every step). split_decode (default: on
+    CPU for float weights without speculation): decode with c2jax.sampling.unrolled (layer
+    loop unrolled, per-layer and per-expert weight buffers, read in place; holds that second
+    copy of the weights, rebuilt by swap_params); False runs the model's scanned forward.
 
     Attributes: version (current policy version), prefill_tokens (tokens run through
-    prefill, counted once per shared group), prefill_calls, decode_steps, generated_tokens.
+    prefill, counted once per shared group), prefill_calls, decode_steps, generated_tokens,
+    spec_drafted / spec_accepted (MTP draft tokens proposed / accepted).
     """
 
     def __init__(self, cfg, params, max_batch: int = 8, max_len: int = 512, chunk: int = 32,
                  version: int = 0, exact_moe: bool = True, cache_dtype=None,
-                 speculative: str = "none"):
-        if speculative != "none":
-            raise NotImplementedError("speculative decoding (MTP drafts) is not implemented yet; use 'none'")
+                 speculative: str = "none", quant_scope: str = "experts", split_decode: bool | None = None):
+        if speculative not in ("none", "mtp"):
+            raise ValueError(f"speculative must be 'none' or 'mtp', got {speculative!r}")
+        if quant_scope not in ("none", "experts", "all"):
+            raise ValueError(f"quant_scope must be 'none', 'experts' or 'all', got {quant_scope!r}")
         if max_batch < 1 or max_len < 2:
             raise ValueError(f"Sampler needs max_batch >= 1 and max_len >= 2, got {max_batch}, {max_len}")
         self.model_cfg = sampler_model_cfg(cfg, exact_moe)
         self.B, self.S, self.chunk = int(max_batch), int(max_len), int(chunk)
-        self._prefill, self._decode, self.num_moe_layers = _kernels(self.model_cfg.to_json(), self.S, self.B)
-        self.params = params
+        why_not = unrolled.supported(self.model_cfg) or ("speculative decoding" if speculative != "none" else None)
+        if split_decode is None:
+            split_decode = why_not is None and jax.default_backend() == "cpu"
+        elif split_decode and why_not:
+            raise ValueError(f"split_decode=True does not support {why_not}")
+        self.split_decode = bool(split_decode)
+        self._prefill, self._decode, self.num_moe_layers = _kernels(self.model_cfg.to_json(), self.S, self.B,
+                                                                    self.split_decode)
+        self.quant_scope = quant_scope if self.model_cfg.quant != "none" else "none"
+        self.params = self._storage(params)
+        self._decode_params = self._decode_view(self.params)
         self.version = int(version)
         self.cache = tfm.init_cache(self.model_cfg, self.B, self.S, cache_dtype)
         self.cache = jax.tree.map(lambda a: jnp.array(a), self.cache)  # materialize (init broadcasts)
+        self.speculative = speculative
+        if speculative == "mtp":
+            from c2jax.sampling import speculative as spec
+            self._prefill, self._decode, _ = spec.kernels(self.model_cfg.to_json(), self.S, self.B)
+            self.cache = spec.init_cache(self.model_cfg, self.B, self.S, cache_dtype)
+        self.spec_drafted = self.spec_accepted = 0
         self.state = init_row_state(self.B)
         self._lock = threading.RLock()
         self._rid = itertools.count()
@@ -295,10 +332,21 @@ class Sampler:
 
     # -- weights
     def swap_params(self, params, version: int) -> None:
-        """New weights for every later decode chunk / prefill; caches and live rows are kept."""
+        """New weights for every later decode chunk / prefill; caches and live rows are kept.
+        With quantized storage the new weights are quantized once, here."""
+        params = self._storage(params)
+        decode_params = self._decode_view(params)
         with self._lock:
-            self.params = params
+            self.params, self._decode_params = params, decode_params
             self.version = int(version)
+
+    def _decode_view(self, params):
+        return unrolled.split_params(self.model_cfg, params) if self.split_decode else params
+
+    def _storage(self, params):
+        from c2jax.sampling import quantized
+        return quantized.quantize_params(params, self.model_cfg.quant, self.quant_scope) \
+            if self.quant_scope != "none" else params
 
     # -- requests
     def submit(self, request: Request) -> int:
@@ -451,14 +499,18 @@ class Sampler:
         # with requests waiting, return as soon as a row frees its slot (continuous batching)
         min_live = n_live if self._waiting else 0
         with self._lock:
-            params, version = self.params, self.version
+            params, version = self._decode_params, self.version
         self.cache, self.state, n_steps, bufs = self._decode(params, self.cache, self.state, min_live,
                                                              C=self.chunk, use_filter=use_filter)
         # one batched transfer, sliced on the host (slicing on device would dispatch one op per
         # buffer and compile a new slice for every distinct n)
         n_steps, bufs = jax.device_get((n_steps, bufs))
         n = int(n_steps)
-        self.decode_steps += n
+        spec = bufs.pop("spec", None)  # speculative: n counts buffer entries, spec = [steps, drafted, accepted]
+        self.decode_steps += n if spec is None else int(spec[0])
+        if spec is not None:
+            self.spec_drafted += int(spec[1])
+            self.spec_accepted += int(spec[2])
         h = {k: v[:n] for k, v in bufs.items()}
         for s in range(self.B):
             row = self.slot_row[s]

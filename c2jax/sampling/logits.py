@@ -38,20 +38,25 @@ def select_tokens(logits_BV, keys_B, temperature_B, top_k_B, top_p_B, use_filter
     """Returns (tokens int32 [B], behaviour logprob f32 [B], raw logprob f32 [B]).
 
     temperature <= 0 means greedy (argmax of the raw logits). use_filter is static: pass
-    False when no row uses top-k/top-p to skip the vocabulary sort."""
+    False when no row uses top-k/top-p to skip the vocabulary sort. When every row is greedy
+    the sampling work (filter, Gumbel noise, behaviour log-softmax) is skipped (lax.cond)."""
     logits_BV = logits_BV.astype(jnp.float32)
     raw_BV = jax.nn.log_softmax(logits_BV, axis=-1)
     greedy_B = temperature_B <= 0
-    t_B = jnp.where(greedy_B, 1.0, temperature_B).astype(jnp.float32)
-    scaled_BV = logits_BV / t_B[:, None]
-    if use_filter:
-        scaled_BV = filter_logits(scaled_BV, top_k_B, top_p_B)
-    behaviour_BV = jax.nn.log_softmax(scaled_BV, axis=-1)
-    sampled_B = jax.vmap(lambda k, l: jax.random.categorical(k, l))(keys_B, scaled_BV)
-    tok_B = jnp.where(greedy_B, jnp.argmax(logits_BV, axis=-1), sampled_B).astype(jnp.int32)
-    pick = lambda a: jnp.take_along_axis(a, tok_B[:, None], axis=-1)[:, 0]
-    lp_B = jnp.where(greedy_B, 0.0, pick(behaviour_BV))
-    return tok_B, lp_B, pick(raw_BV)
+    argmax_B = jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
+    pick = lambda a, t: jnp.take_along_axis(a, t[:, None], axis=-1)[:, 0]  # noqa: E731
+
+    def draw():
+        t_B = jnp.where(greedy_B, 1.0, temperature_B).astype(jnp.float32)
+        scaled_BV = logits_BV / t_B[:, None]
+        if use_filter:
+            scaled_BV = filter_logits(scaled_BV, top_k_B, top_p_B)
+        sampled_B = jax.vmap(lambda k, l: jax.random.categorical(k, l))(keys_B, scaled_BV)
+        tok_B = jnp.where(greedy_B, argmax_B, sampled_B).astype(jnp.int32)
+        return tok_B, jnp.where(greedy_B, 0.0, pick(jax.nn.log_softmax(scaled_BV, axis=-1), tok_B))
+
+    tok_B, lp_B = jax.lax.cond(jnp.all(greedy_B), lambda: (argmax_B, jnp.zeros(argmax_B.shape, jnp.float32)), draw)
+    return tok_B, lp_B, pick(raw_BV, tok_B)
 
 
 def row_keys(seed_B, request_id_B, sample_B):

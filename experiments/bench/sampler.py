@@ -5,7 +5,8 @@ naive recompute-the-prefix decoding, plus the bytes-moved bound of a decode step
     JAX_PLATFORMS=cpu python experiments/bench/sampler.py --models 100m --batches 8 --json out.json
 
 All runs are greedy, float32, `prompt_len` random prompt tokens, `new_tokens` new tokens.
-- c2jax: `Sampler` with max_batch = batch, the whole decode in one on-device chunk.
+- c2jax: `Sampler` with max_batch = batch, the whole decode in one on-device chunk (on CPU the
+  split-weight decode step, c2jax.sampling.unrolled: per-layer / per-expert weight buffers).
   ms/step = decode time / decode steps; decode tok/s = batch * 1000 / ms_step; e2e tok/s =
   batch * new_tokens / (prefill + decode).
 - hf: experiments/reference/hf_generate.py in .venv-ref (Python 3.11, torch CPU) on the SAME

@@ -1,0 +1,109 @@
+"""Pre-quantized inference weights: convert a params tree once into the kernels' quantized
+storage (int8 / MXFP8 / NVFP4 values + scales), so each decode step reads the quantized bytes
+instead of quantizing (or reading) float weights every step.
+
+    qparams = quantize_params(params, "mxfp8", scope="all")
+    forward(cfg, qparams, tokens)          # the model reads the containers where it finds them
+
+What is converted (everything else, embeddings, norms, router, router bias, MLA kv_b_proj, the
+output head, stays float):
+  experts  MoE w_gate / w_up / w_down -> pallas_kernels.QuantizedExperts, the exact format the
+           model's on-the-fly path (model.quant) builds every step: gmm on it is bit-identical
+           (weights and per-token activations quantized, as in training's quantized forward).
+  dense    with scope "all", every Linear kernel (attention q/k/v/o, MLA q/kv_a, dense and
+           shared-expert MLPs, MTP eh_proj) -> pallas_kernels.QuantizedWeight, consumed by
+           qmatmul in weight-only mode (activations bf16). Kernels whose contraction dim is not
+           a multiple of the format's block are left float.
+Stacked layer axes are kept (the quantizers are vmapped over them), so the scanned layers slice
+the containers like any other param.
+
+Letters: Y stacked layers, E experts, K contraction dim, N output dim.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import pallas_kernels as pk
+from pallas_kernels.qmatmul.reference import block_of
+
+QUANTS = ("int8", "mxfp8", "nvfp4")
+SCOPES = ("none", "experts", "all")
+EXPERT_NAMES = ("w_gate", "w_up", "w_down")
+FLOAT_MODULES = ("lm_head",)   # Linear kernels kept float under scope "all"
+
+
+def _check(quant: str, scope: str) -> None:
+    if quant not in QUANTS:
+        raise ValueError(f"quant must be one of {QUANTS}, got quant={quant!r}")
+    if scope not in SCOPES:
+        raise ValueError(f"scope must be one of {SCOPES}, got scope={scope!r}")
+
+
+def _vmapped(fn, x, base_ndim: int):
+    """fn over the leading stacked-layer axes of x (x.ndim - base_ndim of them). lax.map, not vmap:
+    under vmap the quantizers' exact_div barrier no longer hides the scale's broadcast, XLA turns
+    the division into a reciprocal multiply, and scales drift by an ulp from the model's own."""
+    for _ in range(x.ndim - base_ndim):
+        fn = functools.partial(jax.lax.map, fn)
+    return fn(x)
+
+
+def _convert(tree, quant: str, scope: str, path=()):
+    if not isinstance(tree, dict):
+        return tree
+    out = {}
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            out[k] = _convert(v, quant, scope, path + (k,))
+        elif k in EXPERT_NAMES and path and path[-1] == "moe":
+            out[k] = _quantize_experts(v, quant, "/".join(path + (k,)))
+        elif (scope == "all" and k == "kernel" and not set(path) & set(FLOAT_MODULES)
+              and v.shape[-2] % block_of(quant) == 0):
+            out[k] = _vmapped(lambda w: pk.quantize_weight(w, quant), v, 2)
+        else:
+            out[k] = v
+    return out
+
+
+def _quantize_experts(w, quant: str, name: str):
+    if w.shape[-2] % block_of(quant) or w.shape[-1] % 32:
+        raise ValueError(f"{name} of shape {w.shape} cannot be stored as {quant}: gmm needs K divisible by "
+                         f"{block_of(quant)} and N divisible by 32")
+    return _vmapped(lambda x: pk.quantize_experts(x, quant), w, 3)
+
+
+@functools.partial(jax.jit, static_argnames=("quant", "scope"))
+def _quantize_jit(params, quant, scope):
+    return _convert(params, quant, scope)
+
+
+def quantize_params(params, quant: str, scope: str = "experts"):
+    """Quantized storage form of a model params tree (see the module docstring). scope 'none'
+    returns params unchanged. Jitted: call once per weight version (Sampler.swap_params does)."""
+    _check(quant, scope)
+    if scope == "none":
+        return params
+    if is_quantized(params):
+        raise ValueError("params are already quantized; pass the float params")
+    return _quantize_jit(params, quant, scope)
+
+
+def is_quantized(params) -> bool:
+    """True when any leaf container of params is a quantized weight."""
+    leaves = jax.tree.leaves(params, is_leaf=lambda x: isinstance(x, (pk.QuantizedWeight, pk.QuantizedExperts)))
+    return any(isinstance(x, (pk.QuantizedWeight, pk.QuantizedExperts)) for x in leaves)
+
+
+def param_bytes(params) -> int:
+    """Storage bytes of a params tree, sub-byte formats counted at their bit width (E2M1: 4 bits;
+    JAX keeps float4 in one byte per value on the host, accelerators may pack it)."""
+    total = 0
+    for x in jax.tree.leaves(params):
+        dt = jnp.dtype(x.dtype)
+        bits = 4 if dt == jnp.float4_e2m1fn else 8 * dt.itemsize
+        total += int(np.prod(x.shape)) * bits // 8
+    return total

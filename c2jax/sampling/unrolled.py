@@ -1,0 +1,137 @@
+"""The CPU decode step: the model's forward on the KV-cache path with the layer loop unrolled and
+every layer's weights, and every expert's, held as separate arrays ("split params").
+
+Why: XLA CPU copies any slice of an array before a matmul reads it. The model's scanned layer
+stack slices each layer out of stacked [Y, ...] params, so every decode step copied all the
+weights (all experts of every layer, ~3x the bytes a step must read), and the capacity /
+gather dispatches copied the chosen experts again. Here nothing is sliced: each matmul reads
+its weight in place, and the MoE runs only the experts some row chose (moe.split_dispatch).
+The KV cache travels through the decode loop as per-layer arrays (split_cache / stack_cache,
+once per chunk), so each step updates it in place instead of re-stacking it.
+
+Same math as c2jax.models.forward_with_cache (the model's norm, attention and MLP modules are
+applied to each layer's params; routing is moe.select_experts); prefill keeps the model's own
+forward. Not for quantized weights (the sampler falls back to the model's step).
+
+Letters: B rows, L tokens per row, D width, V vocab, K experts per token, Y layers.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from c2jax.models import transformer as tfm
+from c2jax.models.attention import GQAAttention, MLAAttention
+from c2jax.models.layers import MLP, Linear, RMSNorm, dtype_of
+from c2jax.models.moe import split_experts, split_moe
+
+STACKS = (("dense_layers", "dense", False), ("moe_layers", "moe", True))
+CAST = ("kernel", "w_gate", "w_up", "w_down", "kv_b_proj", "embed")  # the model casts these to dtype
+
+
+def supported(m) -> str | None:
+    """Why the split decode step cannot run model config m, or None when it can."""
+    if m.quant != "none":
+        return f"quantized weights (model.quant={m.quant!r})"
+    return None
+
+
+@functools.lru_cache(maxsize=8)
+def _splitter(model_json: str):
+    import json
+
+    import ml_collections
+    m = ml_collections.ConfigDict(json.loads(model_json))
+    dt = dtype_of(m.dtype)
+
+    def cast(tree):
+        return {k: cast(v) if isinstance(v, dict) else (v.astype(dt) if k in CAST else v)
+                for k, v in tree.items()}
+
+    @jax.jit
+    def split(params):
+        layers = []
+        for stack, _, moe in STACKS:
+            if stack not in params:
+                continue
+            block = cast(params[stack]["block"])
+            for i in range(jax.tree.leaves(block)[0].shape[0]):
+                p = jax.tree.map(lambda a: a[i], block)
+                if moe:
+                    mp = dict(p["moe"])
+                    mp["experts"] = split_experts(*[mp.pop(k) for k in ("w_gate", "w_up", "w_down")])
+                    p = {**p, "moe": mp}
+                layers.append(p)
+        out = {"embed": params["embed"].astype(dt), "final_norm": params["final_norm"], "layers": layers}
+        if "lm_head" in params:
+            out["lm_head"] = cast(params["lm_head"])
+        return out
+    return split
+
+
+def split_params(m, params) -> dict:
+    """Split params for decode_step (one jitted copy of the weights, in the compute dtype):
+    {embed, final_norm, lm_head?, layers: [per-layer params, dense layers first]}, MoE layers'
+    experts as moe.split_experts lays them out. Every array is its own buffer."""
+    reason = supported(m)
+    if reason:
+        raise ValueError(f"split decode params do not support {reason}")
+    return _splitter(m.to_json())(params)
+
+
+def split_cache(cache) -> list:
+    """The model's stacked caches {"dense": ..., "moe": ...} -> per-layer caches, dense first."""
+    out = []
+    for _, key, _ in STACKS:
+        if key in cache:
+            n = jax.tree.leaves(cache[key])[0].shape[0]
+            out += [jax.tree.map(lambda a: a[i], cache[key]) for i in range(n)]
+    return out
+
+
+def stack_cache(m, layers: list) -> dict:
+    """Inverse of split_cache."""
+    n_dense, _ = tfm.layer_counts(m)
+    out = {}
+    for key, part in (("dense", layers[:n_dense]), ("moe", layers[n_dense:])):
+        if part:
+            out[key] = jax.tree.map(lambda *a: jnp.stack(a), *part)
+    return out
+
+
+def decode_step(m, sp, tokens_BL, positions_BL, caches: list) -> tfm.ForwardOutput:
+    """forward_with_cache on split params sp and per-layer caches: ForwardOutput(logits f32
+    [B, L, V], {"expert_ids": int32 [N, B, L, K]} (MoE models), new per-layer caches)."""
+    dt, pdt = dtype_of(m.dtype), dtype_of(m.param_dtype)
+    n_dense, n_moe = tfm.layer_counts(m)
+    if len(sp["layers"]) != len(caches) or len(caches) != m.num_layers:
+        raise ValueError(f"need {m.num_layers} layers of params and caches, got {len(sp['layers'])}, {len(caches)}")
+    tokens_BL = jnp.asarray(tokens_BL, jnp.int32)
+    positions_BL = jnp.asarray(positions_BL, jnp.int32)
+    seg_BL = jnp.ones_like(tokens_BL)
+    norm = RMSNorm(m.rms_norm_eps, "embed", pdt)
+    attn = (MLAAttention if m.attention == "mla" else GQAAttention)(m)
+    x_BLD = jnp.take(sp["embed"], tokens_BL, axis=0).astype(dt)
+    expert_ids, new_caches = [], []
+    for i, (p, cache) in enumerate(zip(sp["layers"], caches)):
+        a_BLD, cache = attn.apply({"params": p["attn"]}, norm.apply({"params": p["attn_norm"]}, x_BLD),
+                                  positions_BL, seg_BL, cache)
+        x_BLD = x_BLD + a_BLD
+        h_BLD = norm.apply({"params": p["mlp_norm"]}, x_BLD)
+        if i >= n_dense:
+            y_BLD, ids_BLK = split_moe(m, p["moe"], h_BLD)
+            expert_ids.append(ids_BLK)
+        else:
+            y_BLD = MLP(m.intermediate_size, dt, pdt, m.init_std).apply({"params": p["mlp"]}, h_BLD)
+        x_BLD = x_BLD + y_BLD
+        new_caches.append(cache)
+    h_BLD = norm.apply({"params": sp["final_norm"]}, x_BLD)
+    if m.tie_embeddings:
+        logits = jnp.einsum("bld,vd->blv", h_BLD, sp["embed"], preferred_element_type=jnp.float32)
+    else:
+        head = Linear(m.vocab_size, ("embed", "vocab"), dtype=dt, param_dtype=pdt, init_std=m.init_std)
+        logits = head.apply({"params": sp["lm_head"]}, h_BLD)
+    aux = {"expert_ids": jnp.stack(expert_ids)} if n_moe else {}
+    return tfm.ForwardOutput(logits.astype(jnp.float32), aux, new_caches)

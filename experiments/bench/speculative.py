@@ -1,0 +1,149 @@
+"""Sampler options of issue 4 item 6: MTP speculative decoding (acceptance, tokens/s vs plain
+decoding) and pre-quantized weights (storage bytes, tokens/s vs quantizing every step).
+
+    JAX_PLATFORMS=cpu python experiments/bench/speculative.py                 # tiny, batch 1 and 8
+    JAX_PLATFORMS=cpu python experiments/bench/speculative.py --batches 8 --new-tokens 128 --json out.json
+    JAX_PLATFORMS=cpu python experiments/bench/speculative.py --model 100m --only mtp --depths 1 --batches 8
+
+All runs greedy, float32, random prompts of `prompt_len` tokens, `new_tokens` new tokens, the
+whole decode in as few chunks as the sampler allows; decode tok/s = batch * new_tokens / decode
+time (best of `repeats` after a compile run); cpu_tok_s uses the process CPU time instead
+(all threads), steadier than wall time on a shared host. MTP heads: "random" (init weights: drafts almost
+always rejected, the overhead case) and "bigram a=X" (speculative.bigram_mtp_params: heads that
+predict the constructed model well, a = the perturbation the drafts can miss). Plain decoding
+runs the sampler's default (on CPU the unrolled split-layer decode) and, as "scanned", the
+model's scanned forward that the speculative step also uses. Speculative
+outputs are checked equal to plain outputs token for token in every row.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import jax
+import numpy as np
+
+import c2jax
+from c2jax.sampling import Request, Sampler
+from c2jax.sampling.quantized import param_bytes
+from c2jax.sampling.speculative import bigram_mtp_params
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from sampler import MODELS  # noqa: E402  (tiny = defaults, 100m = the HF peer's shape)
+
+
+def make_cfg(depth: int, quant: str = "none", model: str = "tiny"):
+    cfg = c2jax.config.default_config()
+    for k, v in MODELS[model].items():
+        cfg.model[k] = v
+    cfg.model.num_mtp_layers = depth
+    cfg.model.quant = quant
+    cfg.model.init_std = 0.2
+    return cfg
+
+
+def run(cfg, params, batch, prompt_len, new_tokens, repeats, **opts):
+    """(timings of the fastest run, tokens of every run) for one sampler configuration."""
+    max_len = -(-(prompt_len + new_tokens + 8) // 16) * 16
+    s = Sampler(cfg, params, max_batch=batch, max_len=max_len, chunk=new_tokens, **opts)
+    rng = np.random.default_rng(0)
+
+    def once():
+        prompts = rng.integers(0, cfg.model.vocab_size, (batch, prompt_len))
+        rids = [s.submit(Request(p.tolist(), max_new_tokens=new_tokens, temperature=0.0, reuse_prefix=False))
+                for p in prompts]
+        s._admit()
+        jax.block_until_ready(s.state.cur)
+        d0, a0, st0 = s.spec_drafted, s.spec_accepted, s.decode_steps
+        t0, c0 = time.perf_counter(), time.process_time()
+        s.run_until_done()
+        dt, dc = time.perf_counter() - t0, time.process_time() - c0
+        toks = [s.results(r)[0].tokens for r in rids]
+        return dt, toks, s.spec_drafted - d0, s.spec_accepted - a0, s.decode_steps - st0, dc
+
+    runs = [once() for _ in range(1 + max(repeats, 1))]   # the first one compiles
+    dt, _, drafted, accepted, steps, _ = min(runs[1:], key=lambda r: r[0])
+    dc = min(r[5] for r in runs[1:])
+    return {"tok_s": batch * new_tokens / dt, "cpu_tok_s": batch * new_tokens / dc, "decode_s": dt, "steps": steps,
+            "acceptance": accepted / drafted if drafted else None}, [r[1] for r in runs]
+
+
+def bench_speculative(args, rows):
+    for depth in args.depths:
+        cfg = make_cfg(depth, model=args.model)
+        base = c2jax.models.init_params(cfg, jax.random.key(0))
+        models = [("random", base)] + [(f"bigram a={a}", bigram_mtp_params(cfg, base, alpha=a)) for a in args.alphas]
+        for name, params in models:
+            for batch in args.batches:
+                plain, want = run(cfg, params, batch, args.prompt_len, args.new_tokens, args.repeats)
+                scanned, _ = run(cfg, params, batch, args.prompt_len, args.new_tokens, args.repeats,
+                                 split_decode=False)
+                spec, got = run(cfg, params, batch, args.prompt_len, args.new_tokens, args.repeats,
+                                speculative="mtp")
+                assert got == want, "speculative output differs from plain decoding"
+                row = {"bench": "mtp", "model": args.model, "depth": depth, "heads": name, "batch": batch,
+                       "plain_tok_s": plain["tok_s"], "spec_tok_s": spec["tok_s"], "speedup": spec["tok_s"] / plain["tok_s"],
+                       "plain_scanned_tok_s": scanned["tok_s"], "plain_cpu_tok_s": plain["cpu_tok_s"], "spec_cpu_tok_s": spec["cpu_tok_s"],
+                       "cpu_speedup": spec["cpu_tok_s"] / plain["cpu_tok_s"],
+                       "acceptance": spec["acceptance"], "plain_steps": plain["steps"], "spec_steps": spec["steps"]}
+                rows.append(row)
+                print(f"mtp d={depth} {name:12s} batch {batch:3d}: plain {plain['tok_s']:8.1f} tok/s "
+                      f"({plain['steps']} steps; scanned layers {scanned['tok_s']:8.1f}), mtp {spec['tok_s']:8.1f} tok/s ({spec['steps']} steps), "
+                      f"x{row['speedup']:.2f} wall, x{row['cpu_speedup']:.2f} cpu time, "
+                      f"acceptance {spec['acceptance']:.2f}", flush=True)
+
+
+def bench_quantized(args, rows):
+    for quant in args.quants:
+        cfg = make_cfg(0, quant, model=args.model)
+        params = c2jax.models.init_params(cfg, jax.random.key(0))
+        for batch in args.batches:
+            res = {}
+            for scope in ("none", "experts", "all"):
+                r, toks = run(cfg, params, batch, args.prompt_len, args.new_tokens, args.repeats, quant_scope=scope)
+                s = Sampler(cfg, params, max_batch=1, max_len=16, quant_scope=scope)
+                res[scope] = (r["tok_s"], param_bytes(s.params), toks)
+            assert res["experts"][2] == res["none"][2], "stored experts decode differently from on-the-fly"
+            fb = param_bytes(params)
+            row = {"bench": "quant", "model": args.model, "quant": quant, "batch": batch, "float_bytes": fb,
+                   **{f"{k}_tok_s": v[0] for k, v in res.items()}, **{f"{k}_bytes": v[1] for k, v in res.items()}}
+            rows.append(row)
+            print(f"quant {quant:5s} batch {batch:3d}: on-the-fly {res['none'][0]:8.1f} tok/s ({fb} B), "
+                  f"stored experts {res['experts'][0]:8.1f} tok/s ({res['experts'][1]} B), "
+                  f"stored all {res['all'][0]:8.1f} tok/s ({res['all'][1]} B)", flush=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", choices=sorted(MODELS), default="tiny")
+    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--depths", default="1,2")
+    ap.add_argument("--alphas", default="0.3,0.8")
+    ap.add_argument("--quants", default="int8,mxfp8,nvfp4")
+    ap.add_argument("--prompt-len", type=int, default=16)
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--only", choices=("mtp", "quant"), default=None)
+    ap.add_argument("--json", default=None, help="also write all rows to this file")
+    args = ap.parse_args()
+    args.batches = [int(x) for x in args.batches.split(",")]
+    args.depths = [int(x) for x in args.depths.split(",")]
+    args.alphas = [float(x) for x in args.alphas.split(",") if x]
+    args.quants = [x for x in args.quants.split(",") if x]
+    print(f"backend {jax.default_backend()}", flush=True)
+    rows: list[dict] = []
+    if args.only in (None, "mtp"):
+        bench_speculative(args, rows)
+    if args.only in (None, "quant"):
+        bench_quantized(args, rows)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
