@@ -115,8 +115,10 @@ def test_killed_env_and_sampler_actors_are_restarted(cluster, tmp_path):
         if step == 1:
             orch.env.kill_worker(0)                         # its in-flight episodes are requeued
             ray.kill(svc.actors[0], no_restart=False)       # restarts on the learner's newest weights
-    s = run_rl(toy_cfg(backend="ray", staleness=1, steps=3, eval_every=-1), str(tmp_path / "run"),
-               hooks={"after_step": chaos})
+    # 0.5 s of environment time per episode: the kill always finds episodes in flight, whose
+    # requeued reruns then call the killed sampler (on a fast machine they had all finished)
+    s = run_rl(toy_cfg(backend="ray", staleness=1, steps=3, eval_every=-1, toy_latency_s=0.5),
+               str(tmp_path / "run"), hooks={"after_step": chaos})
     assert s["final_step"] == 3 and s["groups_consumed"] == 6 and s["groups_dropped"] == 0
     assert s["env_worker_restarts"] >= 1 and s["sampler_restarts"] >= 1
     got = rows(str(tmp_path / "run"))
