@@ -151,8 +151,11 @@ def _attention_temp_bytes(attention, cp, cp_impl):
 @pytest.mark.parametrize("attention,cp_impl", [("mla", "allgather"), ("gqa", "ring")])
 def test_attention_activation_memory_falls_with_cp(attention, cp_impl):
     m1, m2, m4 = (_attention_temp_bytes(attention, cp, cp_impl) for cp in (1, 2, 4))
-    # roughly 1/CP: allow 30% slack for the gathered latents / K, V blocks and small buffers
-    assert m2 <= 0.65 * m1 and m4 <= 0.65 * m2, (m1, m2, m4)
+    # roughly 1/CP between CP ranks: allow 30% slack for the gathered latents / K, V blocks and
+    # small buffers. CP = 1 runs the causal block attention (keys up to each query block only:
+    # about half the score memory of the CP kernels' full-row chunks), so it is only an upper
+    # bound here, not a point on the 1/CP line.
+    assert m4 <= 0.65 * m2 and m2 < m1, (m1, m2, m4)
 
 
 def test_bad_mesh_requests_fail_before_compiling():
