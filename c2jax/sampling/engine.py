@@ -137,6 +137,32 @@ def _finish_codes(tok, ngen, pos_of_tok, max_new, stop, S):
 # ----------------------------------------------------------------------------- jitted kernels
 
 
+def prefill_rows(step, N, S, cache, state, tokens_bL, start_b, len_b, src_slot_b, dest_slot_M, dest_src_M,
+                 seed_M, rid_M, sidx_M, max_new_M, temp_M, top_k_M, top_p_M, stop_MX, use_filter):
+    """The prefill both kernel sets share (inside their jit): run `step(tokens, positions, cache)
+    -> (out, extra)` on the source slots' caches (b prompt suffixes; padding at position S),
+    copy the new caches into the M destination slots, sample each destination row's first token
+    and write its RowState. Returns (cache, state, (tok, lp, raw, code, experts), (out, extra), key0)."""
+    b, L = tokens_bL.shape
+    ar = jnp.arange(L, dtype=jnp.int32)
+    positions = jnp.where(ar[None] < len_b[:, None], start_b[:, None] + ar[None], S)
+    out, extra = step(tokens_bL, positions, jax.tree.map(lambda c: c[:, src_slot_b], cache))
+    cache = jax.tree.map(lambda c, s: c.at[:, dest_slot_M].set(s[:, dest_src_M], mode="drop"), cache, out.cache)
+    last_bV = out.logits[jnp.arange(b), jnp.maximum(len_b - 1, 0)]
+    base = lg.row_keys(seed_M, rid_M, sidx_M)
+    key0 = lg.step_keys(base, jnp.zeros_like(sidx_M))
+    tok, lp, raw = lg.select_tokens(last_bV[dest_src_M], key0, temp_M, top_k_M, top_p_M, use_filter)
+    pos_M = (start_b + len_b)[dest_src_M]
+    one = jnp.ones_like(pos_M)
+    code = _finish_codes(tok, one, pos_M, max_new_M, stop_MX, S)
+    upd = RowState(cur=tok, pos=pos_M, live=jnp.ones_like(pos_M, bool), done=code > 0, ngen=one,
+                   max_new=max_new_M, temp=temp_M, top_k=top_k_M, top_p=top_p_M, key=base, stop=stop_MX,
+                   reason=code)
+    state = jax.tree.map(lambda s, u: s.at[dest_slot_M].set(u, mode="drop"), state, upd)
+    experts = out.aux["expert_ids"] if N else None
+    return cache, state, (tok, lp, raw, code, experts), (out, extra), key0
+
+
 @functools.lru_cache(maxsize=32)
 def _kernels(model_json: str, S: int, B: int, split: bool = False):
     """(prefill, decode, N). With split, decode takes unrolled.split_params and runs
@@ -156,26 +182,11 @@ def _kernels(model_json: str, S: int, B: int, split: bool = False):
     def prefill(params, cache, state, tokens_bL, start_b, len_b, src_slot_b,
                 dest_slot_M, dest_src_M, seed_M, rid_M, sidx_M, max_new_M, temp_M, top_k_M, top_p_M, stop_MX,
                 use_filter=True):
-        b, L = tokens_bL.shape
-        ar = jnp.arange(L, dtype=jnp.int32)
-        positions = jnp.where(ar[None] < len_b[:, None], start_b[:, None] + ar[None], S)
-        sub = jax.tree.map(lambda c: c[:, src_slot_b], cache)
-        out = model_step(params, tokens_bL, positions, sub)
-        cache = jax.tree.map(lambda c, s: c.at[:, dest_slot_M].set(s[:, dest_src_M], mode="drop"),
-                             cache, out.cache)
-        last_bV = out.logits[jnp.arange(b), jnp.maximum(len_b - 1, 0)]
-        base = lg.row_keys(seed_M, rid_M, sidx_M)
-        tok, lp, raw = lg.select_tokens(last_bV[dest_src_M], lg.step_keys(base, jnp.zeros_like(sidx_M)),
-                                        temp_M, top_k_M, top_p_M, use_filter)
-        pos_M = (start_b + len_b)[dest_src_M]
-        one = jnp.ones_like(pos_M)
-        code = _finish_codes(tok, one, pos_M, max_new_M, stop_MX, S)
-        upd = RowState(cur=tok, pos=pos_M, live=jnp.ones_like(pos_M, bool), done=code > 0, ngen=one,
-                       max_new=max_new_M, temp=temp_M, top_k=top_k_M, top_p=top_p_M, key=base, stop=stop_MX,
-                       reason=code)
-        state = jax.tree.map(lambda s, u: s.at[dest_slot_M].set(u, mode="drop"), state, upd)
-        experts = out.aux["expert_ids"] if N else None
-        return cache, state, (tok, lp, raw, code, experts)
+        step = lambda t, p, c: (model_step(params, t, p, c), None)  # noqa: E731
+        cache, state, outs, _, _ = prefill_rows(
+            step, N, S, cache, state, tokens_bL, start_b, len_b, src_slot_b, dest_slot_M, dest_src_M, seed_M,
+            rid_M, sidx_M, max_new_M, temp_M, top_k_M, top_p_M, stop_MX, use_filter)
+        return cache, state, outs
 
     @functools.partial(jax.jit, donate_argnums=(1, 2), static_argnames=("C", "use_filter"))
     def decode(params, cache, state, min_live, C=32, use_filter=True):

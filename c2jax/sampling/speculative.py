@@ -123,7 +123,7 @@ def init_cache(m, B: int, S: int, dtype=None) -> dict:
 @functools.lru_cache(maxsize=16)
 def kernels(model_json: str, S: int, B: int):
     """(prefill, decode, N): drop-in replacements of engine._kernels' for speculative="mtp"."""
-    from c2jax.sampling.engine import RowState, _finish_codes
+    from c2jax.sampling.engine import _finish_codes, prefill_rows
 
     m = ml_collections.ConfigDict(json.loads(model_json))
     d = m.num_mtp_layers
@@ -136,24 +136,13 @@ def kernels(model_json: str, S: int, B: int):
     def prefill(params, cache, state, tokens_bL, start_b, len_b, src_slot_b,
                 dest_slot_M, dest_src_M, seed_M, rid_M, sidx_M, max_new_M, temp_M, top_k_M, top_p_M, stop_MX,
                 use_filter=True):
-        b, L = tokens_bL.shape
-        ar = jnp.arange(L, dtype=jnp.int32)
-        positions = jnp.where(ar[None] < len_b[:, None], start_b[:, None] + ar[None], S)
-        sub = jax.tree.map(lambda c: c[:, src_slot_b], cache["model"])
-        out, hidden_bLD = tfm.forward_with_cache_hidden(m, params, tokens_bL, positions, sub)
-        main = jax.tree.map(lambda c, s: c.at[:, dest_slot_M].set(s[:, dest_src_M], mode="drop"),
-                            cache["model"], out.cache)
-        last_bV = out.logits[jnp.arange(b), jnp.maximum(len_b - 1, 0)]
-        base = lg.row_keys(seed_M, rid_M, sidx_M)
-        key0 = lg.step_keys(base, jnp.zeros_like(sidx_M))
-        tok, lp, raw = lg.select_tokens(last_bV[dest_src_M], key0, temp_M, top_k_M, top_p_M, use_filter)
-        pos_M = (start_b + len_b)[dest_src_M]
-        one = jnp.ones_like(pos_M)
-        code = _finish_codes(tok, one, pos_M, max_new_M, stop_MX, S)
-        upd = RowState(cur=tok, pos=pos_M, live=jnp.ones_like(pos_M, bool), done=code > 0, ngen=one,
-                       max_new=max_new_M, temp=temp_M, top_k=top_k_M, top_p=top_p_M, key=base, stop=stop_MX,
-                       reason=code)
-        state = jax.tree.map(lambda s, u: s.at[dest_slot_M].set(u, mode="drop"), state, upd)
+        b = tokens_bL.shape[0]
+        step = lambda t, p, c: tfm.forward_with_cache_hidden(m, params, t, p, c)  # noqa: E731
+        main, state, outs, (_, hidden_bLD), key0 = prefill_rows(
+            step, N, S, cache["model"], state, tokens_bL, start_b, len_b, src_slot_b, dest_slot_M, dest_src_M,
+            seed_M, rid_M, sidx_M, max_new_M, temp_M, top_k_M, top_p_M, stop_MX, use_filter)
+        tok = outs[0]
+        one = jnp.ones_like(tok)
         # MTP heads over the prompt suffix of every destination row (its own first token last)
         len_M = len_b[dest_src_M]
         z = jnp.concatenate([tokens_bL[:, 1:], jnp.zeros((b, 1), jnp.int32)], axis=1)[dest_src_M]
@@ -165,8 +154,7 @@ def kernels(model_json: str, S: int, B: int):
         put = lambda c, s: c.at[dest_slot_M].set(s, mode="drop")
         cache = {"model": main, "mtp": jax.tree.map(put, cache["mtp"], mtp),
                  "draft": put(cache["draft"], drafts), "logq": put(cache["logq"], logq)}
-        experts = out.aux["expert_ids"] if N else None
-        return cache, state, (tok, lp, raw, code, experts)
+        return cache, state, outs
 
     @functools.partial(jax.jit, donate_argnums=(1, 2), static_argnames=("C", "use_filter"))
     def decode(params, cache, state, min_live, C=32, use_filter=True):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import c2jax
-from c2jax.config import apply_overrides, load_config, validate
+from small_models import small_model_cfg
 
 ATTENTIONS = ["gqa", "mla"]
 B, L, P, S = 2, 10, 6, 16   # batch, full length, prefill length, cache slots
@@ -22,21 +22,7 @@ def _memo(key, make):
 
 def small_cfg(attention):
     """configs/tiny.py shrunk; dropless dispatch so decoding one token per row drops nothing."""
-    def make():
-        cfg = load_config("configs/tiny.py:mla" if attention == "mla" else "configs/tiny.py")
-        upd = {"model.vocab_size": 97, "model.hidden_size": 32, "model.num_layers": 2,
-               "model.first_k_dense": 1 if attention == "mla" else 0, "model.intermediate_size": 48,
-               "model.moe_intermediate_size": 16, "model.num_heads": 4, "model.init_std": 0.15,
-               "model.moe_dispatch": "grouped"}
-        if attention == "mla":
-            upd.update({"model.q_lora_rank": 16, "model.kv_lora_rank": 16, "model.qk_nope_head_dim": 8,
-                        "model.qk_rope_head_dim": 4, "model.v_head_dim": 8})
-        else:
-            upd.update({"model.num_kv_heads": 2, "model.head_dim": 8})
-        apply_overrides(cfg, upd)
-        validate(cfg)
-        return cfg
-    return _memo(("cfg", attention), make)
+    return _memo(("cfg", attention), lambda: small_model_cfg(attention))
 
 
 def make_params(cfg, seed=0):

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import c2jax
-from c2jax.config import apply_overrides, load_config, validate
+from small_models import small_model_cfg
+from c2jax.config import load_config
 from c2jax.models import moe as moe_lib
 
 ATTENTIONS = ["gqa", "mla"]
@@ -29,22 +30,8 @@ def _memo(key, make):
 def small_cfg(attention, **overrides):
     """configs/tiny.py shrunk further: 2 layers, 8 experts top-2, dropless (grouped) dispatch.
     MLA keeps the preset's sigmoid router + selection bias, shared expert and group-limited routing."""
-    def make():
-        cfg = load_config("configs/tiny.py:mla" if attention == "mla" else "configs/tiny.py")
-        # GQA: 2 MoE layers; MLA: 1 dense + 1 MoE layer (both layouts, two scanned stacks).
-        upd = {"model.vocab_size": 97, "model.hidden_size": 32, "model.num_layers": 2,
-               "model.first_k_dense": 1 if attention == "mla" else 0,
-               "model.intermediate_size": 48, "model.moe_intermediate_size": 16, "model.num_heads": 4,
-               "model.init_std": 0.15, "model.moe_dispatch": "grouped"}
-        if attention == "mla":
-            upd.update({"model.q_lora_rank": 16, "model.kv_lora_rank": 16, "model.qk_nope_head_dim": 8,
-                        "model.qk_rope_head_dim": 4, "model.v_head_dim": 8})
-        else:
-            upd.update({"model.num_kv_heads": 2, "model.head_dim": 8})
-        upd.update({f"model.{k}": v for k, v in overrides.items()})
-        apply_overrides(cfg, upd)
-        validate(cfg)
-        return cfg
+    # GQA: 2 MoE layers; MLA: 1 dense + 1 MoE layer (both layouts, two scanned stacks).
+    make = lambda: small_model_cfg(attention, **overrides)  # noqa: E731
     return _memo(("cfg", attention, tuple(sorted(overrides.items()))), make)
 
 

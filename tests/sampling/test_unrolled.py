@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import c2jax
-from c2jax.config import apply_overrides, load_config
+from small_models import small_model_cfg
 from c2jax.models import attention as attn_lib
 from c2jax.sampling import Request, Sampler, select_tokens, unrolled
 
@@ -20,16 +20,7 @@ B, P, S = 3, 5, 16  # rows, prompt length, cache slots
 
 @functools.cache
 def setup(attention, tie=False):
-    cfg = load_config("configs/tiny.py:mla" if attention == "mla" else "configs/tiny.py")
-    upd = {"model.vocab_size": 97, "model.hidden_size": 32, "model.num_layers": 3, "model.first_k_dense": 1,
-           "model.intermediate_size": 48, "model.moe_intermediate_size": 16, "model.init_std": 0.2,
-           "model.moe_dispatch": "grouped", "model.tie_embeddings": tie}
-    if attention == "mla":
-        upd.update({"model.q_lora_rank": 16, "model.kv_lora_rank": 16, "model.qk_nope_head_dim": 8,
-                    "model.qk_rope_head_dim": 4, "model.v_head_dim": 8})
-    else:
-        upd.update({"model.num_kv_heads": 2, "model.head_dim": 8})
-    apply_overrides(cfg, upd)
+    cfg = small_model_cfg(attention, num_layers=3, first_k_dense=1, init_std=0.2, tie_embeddings=tie)
     return cfg, c2jax.models.init_params(cfg, jax.random.key(0))
 
 
