@@ -68,14 +68,20 @@ def balance_order(lengths, num_shards: int) -> list[int]:
 
 
 def build_batch(trajs, advantages_B, length_bucket: int = 64, weights_B=None, num_moe_layers: int = 0,
-                top_k: int = 0, max_len: int | None = None) -> dict:
+                top_k: int = 0, max_len: int | None = None, row_bucket: int = 1) -> dict:
     """Next-token batch from trajectories (numpy). Position t predicts token t+1.
 
     Keys: inputs, targets, positions, segment_ids [B, L] int32; loss_mask [B, L] bool;
     behaviour_logp [B, L] f32; advantages [B] f32 (x weights_B); truncated [B] bool;
-    forced_ids [N, B, L, K] int32 (-1 = not recorded) when num_moe_layers.
+    forced_ids [N, B, L, K] int32 (-1 = not recorded) when num_moe_layers; num_sequences f32
+    (the real rows: past row_bucket, B is rounded up to a multiple of it with empty rows, so
+    batches of chained rollouts, whose sequence count varies, reuse a few compiled steps).
     """
-    B = len(trajs)
+    n_seq = len(trajs)
+    B = n_seq if n_seq <= row_bucket else -(-n_seq // row_bucket) * row_bucket
+    advantages_B = np.pad(np.asarray(advantages_B, np.float32), (0, B - n_seq))
+    if weights_B is not None:
+        weights_B = np.pad(np.asarray(weights_B, np.float32), (0, B - n_seq))
     T_max = max(len(t.tokens_T) for t in trajs) - 1
     L = max(length_bucket, int(math.ceil(T_max / length_bucket)) * length_bucket)
     if max_len is not None:
@@ -83,7 +89,8 @@ def build_batch(trajs, advantages_B, length_bucket: int = 64, weights_B=None, nu
     b = {"inputs": np.zeros((B, L), np.int32), "targets": np.zeros((B, L), np.int32),
          "positions": np.tile(np.arange(L, dtype=np.int32), (B, 1)), "segment_ids": np.zeros((B, L), np.int32),
          "loss_mask": np.zeros((B, L), bool), "behaviour_logp": np.zeros((B, L), np.float32),
-         "advantages": np.asarray(advantages_B, np.float32).copy(), "truncated": np.zeros((B,), bool)}
+         "advantages": np.asarray(advantages_B, np.float32).copy(), "truncated": np.zeros((B,), bool),
+         "num_sequences": np.float32(n_seq)}
     if weights_B is not None:
         b["advantages"] *= np.asarray(weights_B, np.float32)
     if num_moe_layers:
@@ -151,7 +158,8 @@ def rl_train_step(cfg, optimizer, state, ref_params, batch):
             adv = apply_kl_penalty(batch["advantages"], logp, ref_logp, mask, r.kl_coef, r.kl_estimator, r.kl_to_go)
         else:
             adv = broadcast_advantages(batch["advantages"], logp.shape)
-        loss, lm = policy_loss(logp, batch["behaviour_logp"], adv, mask, r, batch["truncated"], ref_logp)
+        loss, lm = policy_loss(logp, batch["behaviour_logp"], adv, mask, r, batch["truncated"], ref_logp,
+                               batch.get("num_sequences"))
         if "replaced_fraction" in aux:
             lm["replay_replaced_fraction"] = jnp.mean(aux["replaced_fraction"])
         lm["logp_mean"] = jnp.sum(jnp.where(mask, jax.lax.stop_gradient(logp), 0.0)) / jnp.maximum(jnp.sum(mask), 1)
@@ -210,7 +218,8 @@ class Learner:
         adv = np.asarray(advantages_B)[order]
         w = None if weights_B is None else np.asarray(weights_B)[order]
         return build_batch(trajs, adv, r.length_bucket, w, self.num_moe_layers, self.top_k,
-                           max_len=self.cfg.model.max_position_embeddings)
+                           max_len=self.cfg.model.max_position_embeddings,
+                           row_bucket=r.prompts_per_step * r.group_size)
 
     def step(self, trajs, advantages_B, weights_B=None) -> dict:
         batch = self.make_batch(trajs, advantages_B, weights_B)

@@ -106,7 +106,7 @@ def _masked_p99(x, mask):
 
 
 def policy_loss(logp_BL, behaviour_logp_BL, advantages, loss_mask_BL, cfg, truncated_B=None,
-                ref_logp_BL=None):
+                ref_logp_BL=None, num_sequences=None):
     """Dr. GRPO policy-gradient loss with truncated importance weights.
 
     Args:
@@ -118,6 +118,8 @@ def policy_loss(logp_BL, behaviour_logp_BL, advantages, loss_mask_BL, cfg, trunc
         clip_eps_low/high, mask_overlong).
       truncated_B: bool, sequences that hit the length limit (needed when mask_overlong).
       ref_logp_BL: optional reference logprobs, only for the logged KL metrics.
+      num_sequences: real sequences in the batch when rows past them are padding (a row count
+        bucketed so chained rollouts do not recompile the step); default B.
     Returns:
       (loss scalar, metrics dict of scalars).
     """
@@ -156,12 +158,13 @@ def policy_loss(logp_BL, behaviour_logp_BL, advantages, loss_mask_BL, cfg, trunc
         clip_frac_num = jnp.array(0.0, dtype)
 
     num_tokens = jnp.maximum(jnp.sum(mask_BL), 1.0)
+    n_seq = jnp.asarray(B if num_sequences is None else num_sequences, dtype)
     if cfg.normalizer == "constant":
         norm_len = cfg.constant_normalizer_len or L
-        loss = jnp.sum(per_token_BL * mask_BL) / (B * norm_len)
+        loss = jnp.sum(per_token_BL * mask_BL) / (n_seq * norm_len)
     elif cfg.normalizer == "seq_len":
         len_B = jnp.maximum(jnp.sum(mask_BL, axis=-1), 1.0)
-        loss = jnp.mean(jnp.sum(per_token_BL * mask_BL, axis=-1) / len_B)
+        loss = jnp.sum(jnp.sum(per_token_BL * mask_BL, axis=-1) / len_B) / n_seq
     elif cfg.normalizer == "tokens":
         loss = jnp.sum(per_token_BL * mask_BL) / num_tokens
     else:

@@ -113,6 +113,11 @@ def test_build_batch_shifts_and_masks():
     assert b["behaviour_logp"][0, :4].tolist() == [0, -1, -2, -3]
     assert b["forced_ids"][0, 0, :4].tolist() == [[0, 1], [2, 3], [4, 5], [6, 7]]
     assert (b["forced_ids"][0, 0, 4:] == -1).all() and b["truncated"][0]
+    p = build_batch([t] * 3, [0.5, 1.0, -1.0], 8, [1.0, 2.0, 1.0], row_bucket=2)  # 3 rows -> 4
+    assert p["inputs"].shape == (4, 8) and float(p["num_sequences"]) == 3.0
+    assert p["advantages"].tolist() == [0.5, 2.0, -1.0, 0.0]
+    assert not p["loss_mask"][3].any() and not p["segment_ids"][3].any() and not p["truncated"][3]
+    assert build_batch([t] * 2, [1.0, 1.0], 8, row_bucket=2)["inputs"].shape == (2, 8)  # one bucket: as is
 
 
 def test_balance_order():

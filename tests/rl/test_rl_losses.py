@@ -148,3 +148,29 @@ def test_metrics_and_jit():
     np.testing.assert_allclose(m["kl_ref_k1"], (logp - beh)[on].mean(), rtol=1e-5)
     np.testing.assert_allclose(m["entropy_proxy"], -logp[on].mean(), rtol=1e-6)
     assert all(np.isfinite(float(v)) for v in m.values())
+
+
+@pytest.mark.parametrize("normalizer", ["constant", "seq_len", "tokens"])
+def test_padded_rows_with_num_sequences_leave_loss_and_grads_unchanged(normalizer):
+    """The learner rounds the row count up with empty rows (chained rollouts vary in sequence
+    count); with num_sequences the loss and its gradient are those of the unpadded batch."""
+    rng = np.random.default_rng(7)
+    B, L, pad = 5, 12, 3
+    cfg = default_rl_loss_config()
+    cfg.normalizer = normalizer
+    cfg.constant_normalizer_len = 16
+    logp = jnp.asarray(-rng.random((B, L)), jnp.float32)
+    beh = logp + jnp.asarray(rng.normal(0, 0.05, (B, L)), jnp.float32)
+    adv = jnp.asarray(rng.normal(size=B), jnp.float32)
+    mask = jnp.asarray(rng.random((B, L)) < 0.7)
+
+    def padded(x, fill):
+        return jnp.concatenate([x, jnp.full((pad,) + x.shape[1:], fill, x.dtype)])
+
+    f = lambda lp: policy_loss(lp, beh, adv, mask, cfg)[0]  # noqa: E731
+    g = lambda lp: policy_loss(lp, padded(beh, 0.0), padded(adv, 0.0), padded(mask, False), cfg,  # noqa: E731
+                               num_sequences=B)[0]
+    lp_pad = padded(logp, -3.0)
+    np.testing.assert_allclose(float(g(lp_pad)), float(f(logp)), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(jax.grad(g)(lp_pad))[:B], np.asarray(jax.grad(f)(logp)), rtol=1e-6)
+    assert float(jnp.abs(jax.grad(g)(lp_pad)[B:]).max()) == 0.0
