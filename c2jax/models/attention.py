@@ -96,6 +96,24 @@ def write_cache(cache_BS_, new_BL_, positions_BL):
     return jax.vmap(one_row)(cache_BS_, new_BL_, positions_BL)
 
 
+def mla_absorbed_attention(q_nope_BLHN, q_rope_BLHR, latent_BSC, k_rope_BSR, kv_b_CHX, positions_BL,
+                           scale: float, dt):
+    """MLA over a latent cache with the up-projection absorbed into the query and the output (no
+    per-head K/V materialized); cache slot index == position. Returns [B, L, H, O]."""
+    B, S = latent_BSC.shape[:2]
+    N = q_nope_BLHN.shape[-1]
+    mask = attention_mask(positions_BL, jnp.broadcast_to(jnp.arange(S, dtype=jnp.int32), (B, S)))
+    latent = latent_BSC.astype(dt)
+    q_abs_BLHC = jnp.einsum("blhn,chn->blhc", q_nope_BLHN, kv_b_CHX[..., :N])
+    logits = (jnp.einsum("blhc,bsc->bhls", q_abs_BLHC, latent, preferred_element_type=jnp.float32)
+              + jnp.einsum("blhr,bsr->bhls", q_rope_BLHR, k_rope_BSR.astype(dt),
+                           preferred_element_type=jnp.float32)) * scale
+    logits = jnp.where(mask[:, None], logits, NEG_INF)
+    probs = jax.nn.softmax(logits, axis=-1).astype(dt)
+    ctx_BLHC = jnp.einsum("bhls,bsc->blhc", probs, latent)
+    return jnp.einsum("blhc,cho->blho", ctx_BLHC, kv_b_CHX[..., N:])
+
+
 def _write_cache_entries(cache_BS_, new_BL_, positions_BL):
     """write_cache as B*L dynamic_update_slices (unrolled up to 16, else a fori_loop); negative
     positions count from the end, as in the scatter."""
@@ -245,18 +263,8 @@ class MLAAttention(nn.Module):
         else:
             new_cache = {"latent": write_cache(cache["latent"], latent_BLC, positions_BL),
                          "k_rope": write_cache(cache["k_rope"], k_rope_BLR, positions_BL)}
-            S = new_cache["latent"].shape[1]
-            slots_BS = jnp.broadcast_to(jnp.arange(S, dtype=jnp.int32), (B, S))
-            mask = attention_mask(positions_BL, slots_BS)
-            q_abs_BLHC = jnp.einsum("blhn,chn->blhc", q_nope, kv_b_CHX[..., :N])
-            logits = (jnp.einsum("blhc,bsc->bhls", q_abs_BLHC, new_cache["latent"].astype(dt),
-                                 preferred_element_type=jnp.float32)
-                      + jnp.einsum("blhr,bsr->bhls", q_rope, new_cache["k_rope"].astype(dt),
-                                   preferred_element_type=jnp.float32)) * scale
-            logits = jnp.where(mask[:, None], logits, NEG_INF)
-            probs = jax.nn.softmax(logits, axis=-1).astype(dt)
-            ctx_BLHC = jnp.einsum("bhls,bsc->blhc", probs, new_cache["latent"].astype(dt))
-            out = jnp.einsum("blhc,cho->blho", ctx_BLHC, kv_b_CHX[..., N:])
+            out = mla_absorbed_attention(q_nope, q_rope, new_cache["latent"], new_cache["k_rope"], kv_b_CHX,
+                                         positions_BL, scale, dt)
         out = nn.with_logical_constraint(out, ("batch", "length", "heads", "head_dim"))
         return Linear(m.hidden_size, ("heads", "embed"), name="o_proj", **kw)(
             out.reshape(B, L, H * O)), new_cache

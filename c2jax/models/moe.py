@@ -200,23 +200,6 @@ def split_dispatch(x_TD, ids_TK, weights_TK, experts):
     return out.astype(dt), jnp.zeros((), f32)
 
 
-def split_moe(m, p, x_BLD):
-    """The MoE layer as MoE.__call__ computes it (no router replay) on split params: p holds
-    router, router_bias (if m.router_bias), shared (if shared experts) and experts
-    (split_experts). Returns (y_BLD, expert ids int32 [B, L, K])."""
-    B, L, D = x_BLD.shape
-    dt, pdt = dtype_of(m.dtype), dtype_of(m.param_dtype)
-    x_TD = x_BLD.reshape(B * L, D)
-    logits_TE = jnp.einsum("td,de->te", x_TD.astype(jnp.float32), p["router"].astype(jnp.float32))
-    ids_TK, weights_TK, _, _ = select_experts(logits_TE, p.get("router_bias"), m)
-    y_TD, _ = split_dispatch(x_TD.astype(dt), ids_TK, weights_TK, p["experts"])
-    y_BLD = y_TD.reshape(B, L, D)
-    if m.num_shared_experts:
-        shared = MLP(m.moe_intermediate_size * m.num_shared_experts, dt, pdt, m.init_std)
-        y_BLD = y_BLD + shared.apply({"params": p["shared"]}, x_BLD)
-    return y_BLD.astype(x_BLD.dtype), ids_TK.reshape(B, L, -1).astype(jnp.int32)
-
-
 MIN_DROPLESS_CAPACITY = 64
 
 
@@ -400,12 +383,41 @@ class MoE(nn.Module):
         logits_TE = jnp.einsum("td,de->te", x_TD.astype(jnp.float32), router_w.astype(jnp.float32))
         forced = None if forced_ids_BLK is None else forced_ids_BLK.reshape(B * L, K)
         ids_TK, weights_TK, scores_TE, replaced_TK = select_experts(logits_TE, bias, m, forced)
+        x_TD = x_TD.astype(dt)
+        if self.has_variable("params", "experts"):
+            # per-expert weight buffers stored by c2jax.sampling.unrolled (the CPU decode path)
+            y_TD, dropped = split_dispatch(x_TD, ids_TK, weights_TK, self.get_variable("params", "experts"))
+        else:
+            y_TD, dropped = self._dispatch(x_TD, ids_TK, weights_TK, B, L)
+        y_BLD = y_TD.reshape(B, L, D)
+        if m.num_shared_experts:
+            y_BLD = y_BLD + MLP(F * m.num_shared_experts, dt, pdt, m.init_std, name="shared")(x_BLD)
+        load_E = jnp.bincount(ids_TK.reshape(-1), length=E).astype(jnp.float32)
+        frac_E = load_E / (B * L * K)
+        probs_TE = scores_TE / jnp.sum(scores_TE, axis=-1, keepdims=True)
+        aux = {
+            "expert_ids": ids_TK.reshape(B, L, K).astype(jnp.int32),
+            "expert_load": load_E,
+            "load_balance_loss": E * jnp.sum(frac_E * jnp.mean(probs_TE, axis=0)),
+            "router_z_loss": jnp.mean(jax.nn.logsumexp(logits_TE, axis=-1) ** 2),
+            "dropped_fraction": dropped,
+            "replaced_fraction": jnp.mean(replaced_TK.astype(jnp.float32)),
+        }
+        return y_BLD.astype(x_BLD.dtype), aux
+
+    def _dispatch(self, x_TD, ids_TK, weights_TK, B, L):
+        """Routed experts over the stacked [E, ...] weights (declared here): EP, gather, grouped or
+        capacity dispatch. Returns (y_TD, dropped fraction)."""
+        m = self.cfg
+        dt, pdt = dtype_of(m.dtype), dtype_of(m.param_dtype)
+        D = x_TD.shape[-1]
+        E, K, F = m.num_experts, m.num_experts_per_tok, m.moe_intermediate_size
+        init = nn.initializers.normal(m.init_std)
         axes = ("experts", "expert_embed", "expert_mlp")
         w_gate = _expert_weight(self, "w_gate", init, axes, (E, D, F), pdt, dt)
         w_up = _expert_weight(self, "w_up", init, axes, (E, D, F), pdt, dt)
         w_down = _expert_weight(self, "w_down", init, ("experts", "expert_mlp", "expert_embed"), (E, F, D), pdt, dt)
         prequant = hasattr(w_gate, "values_GKN")
-        x_TD = x_TD.astype(dt)
         # expert parallelism when the mesh has an expert-parallel group > 1
         from c2jax.parallel import experts as ep
         ep_plan = ep.ep_plan(B, L, E)
@@ -422,18 +434,4 @@ class MoE(nn.Module):
             y_TD, dropped = grouped_dispatch(x_TD, ids_TK, weights_TK, w_gate, w_up, w_down, m.quant)
         else:
             y_TD, dropped = capacity_dispatch(x_TD, ids_TK, weights_TK, w_gate, w_up, w_down, m.capacity_factor)
-        y_BLD = y_TD.reshape(B, L, D)
-        if m.num_shared_experts:
-            y_BLD = y_BLD + MLP(F * m.num_shared_experts, dt, pdt, m.init_std, name="shared")(x_BLD)
-        load_E = jnp.bincount(ids_TK.reshape(-1), length=E).astype(jnp.float32)
-        frac_E = load_E / (B * L * K)
-        probs_TE = scores_TE / jnp.sum(scores_TE, axis=-1, keepdims=True)
-        aux = {
-            "expert_ids": ids_TK.reshape(B, L, K).astype(jnp.int32),
-            "expert_load": load_E,
-            "load_balance_loss": E * jnp.sum(frac_E * jnp.mean(probs_TE, axis=0)),
-            "router_z_loss": jnp.mean(jax.nn.logsumexp(logits_TE, axis=-1) ** 2),
-            "dropped_fraction": dropped,
-            "replaced_fraction": jnp.mean(replaced_TK.astype(jnp.float32)),
-        }
-        return y_BLD.astype(x_BLD.dtype), aux
+        return y_TD, dropped

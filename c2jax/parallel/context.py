@@ -278,29 +278,12 @@ def gqa_context_prefill(q_BLHP, k_BLGP, v_BLGP, positions_BL, cache_k_BSGP, cach
     return fn(q_BLHP, k_BLGP, v_BLGP, positions_BL, cache_k_BSGP, cache_v_BSGP)
 
 
-def _mla_absorbed_attention(q_nope, q_rope, latent_BSC, k_rope_BSR, kv_b_CHX, positions_BL, scale, dt):
-    """MLA over a latent cache with the up-projection absorbed into query and output: the same
-    computation as the cache branch of c2jax.models.attention.MLAAttention."""
-    from c2jax.models.attention import attention_mask
-    N = q_nope.shape[-1]
-    mask = attention_mask(positions_BL, _slots(latent_BSC))
-    latent = latent_BSC.astype(dt)
-    q_abs_BLHC = jnp.einsum("blhn,chn->blhc", q_nope, kv_b_CHX[..., :N])
-    logits = (jnp.einsum("blhc,bsc->bhls", q_abs_BLHC, latent, preferred_element_type=jnp.float32)
-              + jnp.einsum("blhr,bsr->bhls", q_rope, k_rope_BSR.astype(dt),
-                           preferred_element_type=jnp.float32)) * scale
-    logits = jnp.where(mask[:, None], logits, NEG_INF)
-    probs = jax.nn.softmax(logits, axis=-1).astype(dt)
-    ctx_BLHC = jnp.einsum("bhls,bsc->blhc", probs, latent)
-    return jnp.einsum("blhc,cho->blho", ctx_BLHC, kv_b_CHX[..., N:])
-
-
 def mla_context_prefill(q_nope_BLHN, q_rope_BLHR, latent_BLC, k_rope_BLR, kv_b_CHX, positions_BL,
                         cache_latent_BSC, cache_k_rope_BSR, scale: float, dtype):
     """MLA cache path under CP: all-gather the new latents + rotary keys (C + R per token), write
     them into the cache, attend the local queries (absorbed form) against it. Returns
     (out [B, L, H, O] sharded like the queries, new latent cache, new rotary-key cache)."""
-    from c2jax.models.attention import write_cache
+    from c2jax.models.attention import mla_absorbed_attention, write_cache
     B, L = q_nope_BLHN.shape[:2]
     b_axes, l_axes = _token_specs(B, L)
 
@@ -309,7 +292,7 @@ def mla_context_prefill(q_nope_BLHN, q_rope_BLHR, latent_BLC, k_rope_BLR, kv_b_C
         cl = write_cache(cl, _gather_len(latent), pos_S)
         ckr = write_cache(ckr, _gather_len(k_rope), pos_S)
         out = _map_query_chunks(
-            lambda qn, qr, pc: _mla_absorbed_attention(qn, qr, cl, ckr, kv_b, pc, scale, dtype),
+            lambda qn, qr, pc: mla_absorbed_attention(qn, qr, cl, ckr, kv_b, pc, scale, dtype),
             _query_chunks(q_nope.shape[1]), q_nope, q_rope, pos)
         return out, cl, ckr
 

@@ -9,9 +9,9 @@ its weight in place, and the MoE runs only the experts some row chose (moe.split
 The KV cache travels through the decode loop as per-layer arrays (split_cache / stack_cache,
 once per chunk), so each step updates it in place instead of re-stacking it.
 
-Same math as c2jax.models.forward_with_cache (the model's norm, attention and MLP modules are
-applied to each layer's params; routing is moe.select_experts); prefill keeps the model's own
-forward. Not for quantized weights (the sampler falls back to the model's step).
+Same math as c2jax.models.forward_with_cache: each layer is the model's own Block applied to that
+layer's params, its MoE dispatching over the stored per-expert buffers (moe.split_dispatch);
+prefill keeps the model's own forward. Not for quantized weights (the sampler falls back to the model's step).
 
 Letters: B rows, L tokens per row, D width, V vocab, K experts per token, Y layers.
 """
@@ -23,9 +23,8 @@ import jax
 import jax.numpy as jnp
 
 from c2jax.models import transformer as tfm
-from c2jax.models.attention import GQAAttention, MLAAttention
-from c2jax.models.layers import MLP, Linear, RMSNorm, dtype_of
-from c2jax.models.moe import split_experts, split_moe
+from c2jax.models.layers import Linear, RMSNorm, dtype_of
+from c2jax.models.moe import split_experts
 
 STACKS = (("dense_layers", "dense", False), ("moe_layers", "moe", True))
 CAST = ("kernel", "w_gate", "w_up", "w_down", "kv_b_proj", "embed")  # the model casts these to dtype
@@ -111,22 +110,15 @@ def decode_step(m, sp, tokens_BL, positions_BL, caches: list) -> tfm.ForwardOutp
     tokens_BL = jnp.asarray(tokens_BL, jnp.int32)
     positions_BL = jnp.asarray(positions_BL, jnp.int32)
     seg_BL = jnp.ones_like(tokens_BL)
-    norm = RMSNorm(m.rms_norm_eps, "embed", pdt)
-    attn = (MLAAttention if m.attention == "mla" else GQAAttention)(m)
     x_BLD = jnp.take(sp["embed"], tokens_BL, axis=0).astype(dt)
     expert_ids, new_caches = [], []
     for i, (p, cache) in enumerate(zip(sp["layers"], caches)):
-        a_BLD, cache = attn.apply({"params": p["attn"]}, norm.apply({"params": p["attn_norm"]}, x_BLD),
-                                  positions_BL, seg_BL, cache)
-        x_BLD = x_BLD + a_BLD
-        h_BLD = norm.apply({"params": p["mlp_norm"]}, x_BLD)
+        # the model's own layer; its MoE reads the stored per-expert buffers (p["moe"]["experts"])
+        x_BLD, aux, cache = tfm.Block(m, i >= n_dense).apply({"params": p}, x_BLD, positions_BL, seg_BL, None, cache)
         if i >= n_dense:
-            y_BLD, ids_BLK = split_moe(m, p["moe"], h_BLD)
-            expert_ids.append(ids_BLK)
-        else:
-            y_BLD = MLP(m.intermediate_size, dt, pdt, m.init_std).apply({"params": p["mlp"]}, h_BLD)
-        x_BLD = x_BLD + y_BLD
+            expert_ids.append(aux["expert_ids"])
         new_caches.append(cache)
+    norm = RMSNorm(m.rms_norm_eps, "embed", pdt)
     h_BLD = norm.apply({"params": sp["final_norm"]}, x_BLD)
     if m.tie_embeddings:
         logits = jnp.einsum("bld,vd->blv", h_BLD, sp["embed"], preferred_element_type=jnp.float32)
