@@ -31,12 +31,9 @@ demo: venv
 	$(PY) -m c2jax demo --workdir runs/demo
 
 # Ray tests start a local Ray cluster inside the pytest process (its core worker threads stay
-# for the process's life), so they run in their own process, like the 8-device tests. The
-# sampler tests too: after the ~330 tests before them, XLA's CPU compiler segfaulted compiling
-# in tests/sampling/test_speculative.py (it passes on its own; cause not found yet).
+# for the process's life), so they run in their own process, like the 8-device tests.
 test: venv
-	$(PY) -m pytest -q tests --ignore=tests/multidevice --ignore=tests/rl/test_rl_ray.py --ignore=tests/sampling $(PYTEST_ARGS)
-	$(PY) -m pytest -q tests/sampling $(PYTEST_ARGS)
+	$(PY) -m pytest -q tests --ignore=tests/multidevice --ignore=tests/rl/test_rl_ray.py $(PYTEST_ARGS)
 	$(PY) -m pytest -q tests/rl/test_rl_ray.py $(PYTEST_ARGS)
 	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(PY) -m pytest -q tests/multidevice $(PYTEST_ARGS)
 

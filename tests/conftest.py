@@ -6,3 +6,18 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 from absl import flags  # noqa: E402
 
 flags.FLAGS.mark_as_parsed()  # grain reads absl flags outside an absl app
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True, scope="module")
+def no_persistent_compilation_cache_after_module():
+    """A module may turn JAX's persistent compilation cache on for its own compiles; it is off
+    again for the next one (jaxlib's CPU cache writer has crashed serializing some sampler
+    programs, and JAX memoizes "cache in use" until reset_cache)."""
+    yield
+    import jax
+    from jax.experimental.compilation_cache import compilation_cache
+    if jax.config.jax_compilation_cache_dir is not None:
+        jax.config.update("jax_compilation_cache_dir", None)
+    compilation_cache.reset_cache()
