@@ -1,7 +1,8 @@
 """RL through the agent harness (synthetic:1 tasks, bubblewrap sandbox, multi-turn prefix
 reuse in the sampler): step-0 invariants on a random tiny model with the byte codec, and the
-opt-in learning test from the demo's CPT+SFT model (built in the test, or reused; about 15
-minutes in all on an idle 2-core machine by estimate, over 50 under a heavy shared load):
+opt-in learning test from the demo's CPT+SFT model (built in the test, or reused; the SFT
+stage alone took 18 minutes on a shared 2-core machine, 30 RL steps with evals 4-5 more). It
+does not pass yet: see the README's demo section for the runs.
 
     C2JAX_RL_LEARNING=1 pytest tests/rl/test_rl_harness.py -k learning -s
     C2JAX_RL_LEARNING=1 C2JAX_DEMO_CACHE=/tmp/c2jax_demo pytest ...   # keep/reuse the SFT model
