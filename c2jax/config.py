@@ -113,6 +113,7 @@ def default_config() -> ml_collections.ConfigDict:
     t.min_lr_ratio = 0.1               # cosine decays to lr * min_lr_ratio
     t.b1 = 0.9                         # Adam beta1
     t.b2 = 0.95                        # Adam beta2
+    t.adam_eps = 1e-8                  # Adam epsilon (larger damps steps on parameters whose gradients are tiny or noise)
     t.weight_decay = 0.1               # decoupled weight decay (not on norms/biases/embeddings? see train.optimizer)
     t.grad_clip = 1.0                  # global-norm clip (0 = off)
     t.grad_accum = 1                   # microbatches per step
@@ -413,3 +414,5 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int | None = None) -> 
                               f"{cfg.model.max_position_embeddings}")
         if "lr" in t and t.lr <= 0:
             raise ConfigError(f"train.lr must be positive, got {t.lr}")
+        if "adam_eps" in t and not t.adam_eps > 0:
+            raise ConfigError(f"train.adam_eps must be positive, got {t.adam_eps}")

@@ -39,6 +39,6 @@ def make_optimizer(t) -> optax.GradientTransformation:
     chain = []
     if t.grad_clip > 0:
         chain.append(optax.clip_by_global_norm(t.grad_clip))
-    chain.append(optax.adamw(learning_rate_schedule(t), b1=t.b1, b2=t.b2, eps=1e-8,
+    chain.append(optax.adamw(learning_rate_schedule(t), b1=t.b1, b2=t.b2, eps=float(t.get("adam_eps", 1e-8)),
                              weight_decay=t.weight_decay, mask=decay_mask))
     return optax.multi_transform({"train": optax.chain(*chain), "frozen": optax.set_to_zero()}, frozen_labels)

@@ -3,9 +3,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 import c2jax
-from c2jax.config import load_config
+from c2jax.config import ConfigError, load_config
 from c2jax.train.optimizer import decay_mask, frozen_labels, make_optimizer
 from c2jax.train.step import init_state, mtp_distill_loss, train_step
 
@@ -90,3 +91,20 @@ def test_mtp_distill_loss_masks_segment_boundaries():
     # Gradient flows to the MTP head only, never into the teacher.
     g = jax.grad(lambda lg: mtp_distill_loss(mtp, lg, w, seg)[0])(logits)
     assert float(jnp.abs(g).max()) == 0.0
+
+
+def test_adam_eps_is_the_configured_one():
+    """One AdamW step from zero moments: update = -lr * g / (|g| + eps) (bias-corrected, no decay)."""
+    cfg = _cfg("--config.train.adam_eps=1e-3", "--config.train.weight_decay=0.0", "--config.train.grad_clip=0.0",
+               "--config.train.warmup_steps=0")
+    opt = make_optimizer(cfg.train)
+    params = {"w": jnp.asarray(np.random.default_rng(0).normal(size=(5,)), jnp.float32)}
+    g = {"w": jnp.asarray(np.random.default_rng(1).normal(size=(5,)) * 1e-3, jnp.float32)}
+    updates, _ = opt.update(g, opt.init(params), params)
+    lr = float(cfg.train.lr)
+    np.testing.assert_allclose(updates["w"], -lr * g["w"] / (jnp.abs(g["w"]) + 1e-3), rtol=1e-5)
+
+
+def test_bad_adam_eps_is_a_config_error():
+    with pytest.raises(ConfigError, match="train.adam_eps"):
+        _cfg("--config.train.adam_eps=0")
