@@ -2,8 +2,9 @@
 reuse in the sampler): step-0 invariants on a random tiny model with the byte codec, and the
 opt-in learning test from the demo's CPT+SFT model (built in the test, or reused; the SFT
 stage alone took 18 minutes on a shared 2-core machine; 60 RL steps of 8 prompts x 8 with the
-two 64 x 8 evals about 17 more, quiet). It fails: RL lowers held-out pass@1 (0.465 -> 0.357 in
-the one run of this exact setting); see the README's demo section and experiments/results/rl_harness.
+two 64 x 8 evals about 17 more, quiet). It fails, narrowly: the one run of this setting rose
+0.465 -> 0.500 (+0.035 of the +0.05 asked; lr 1e-4 with the default KL coefficient lowered it to
+0.357); see the README's demo section and experiments/results/rl_harness.
 
     C2JAX_RL_LEARNING=1 pytest tests/rl/test_rl_harness.py -k learning -s
     C2JAX_RL_LEARNING=1 C2JAX_DEMO_CACHE=/tmp/c2jax_demo pytest ...   # keep/reuse the SFT model
@@ -73,9 +74,9 @@ def test_harness_rl_learning_from_sft_checkpoint(tmp_path, demo_sft_dir):
     (the same held-out tasks and sampling seeds before and after)."""
     steps = int(os.environ.get("C2JAX_RL_STEPS", "60"))
     cfg = load_config(os.path.join(ROOT, "configs/rl_tiny.py"), [
-        f"--config.train.init_from={demo_sft_dir}", f"--config.rl.steps={steps}", "--config.train.lr=1e-4",
+        f"--config.train.init_from={demo_sft_dir}", f"--config.rl.steps={steps}", "--config.train.lr=5e-5",
         "--config.rl.prompts_per_step=8", "--config.rl.group_size=8", "--config.rl.sampler_slots=16",
-        "--config.rl.env_workers=16",
+        "--config.rl.env_workers=16", "--config.rl.kl_coef=0.02",
         "--config.rl.eval_every=0", f"--config.rl.eval_tasks={EVAL_TASKS}", f"--config.rl.eval_k={EVAL_K}"])
     s = run_rl(cfg, str(tmp_path / "run"))
     first, last = s["evals"][0], s["evals"][-1]
