@@ -53,13 +53,19 @@ def episode_config(max_turns: int = 6, max_new_tokens: int = 256, max_total_toke
                          list_tools_in_system=False, max_tool_output_chars=2000, system_prompt=SYSTEM_PROMPT)
 
 
+def oracle_episodes(tokenizer, suites=("synthetic:1",), split: str = "train", n_per_suite: int = 256,
+                    seed: int = 0) -> list:
+    """The read-then-fix oracle's episodes (c2jax.agent.runner results) on a split's tasks."""
+    from c2jax.tasks import load_suite
+    tasks = [t for s in suites for t in load_suite(s, split, n=n_per_suite, seed=seed)]
+    return run_episodes(tasks, ReadThenFixPolicy, tokenizer, Sandbox(), episode_config(), concurrency=4)
+
+
 def write_oracle_transcripts(tokenizer, out_path: str, suites=("synthetic:1",), n_per_suite: int = 256,
                              seed: int = 0, max_tokens: int = 768) -> dict:
     """Run the read-then-fix oracle over train-split tasks in the sandbox; write the passing
     episodes' exact tokens and model-token masks as JSONL for SFT."""
-    from c2jax.tasks import load_suite
-    tasks = [t for s in suites for t in load_suite(s, "train", n=n_per_suite, seed=seed)]
-    results = run_episodes(tasks, ReadThenFixPolicy, tokenizer, Sandbox(), episode_config(), concurrency=4)
+    results = oracle_episodes(tokenizer, suites, "train", n_per_suite, seed)
     kept = too_long = failed = 0
     os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
     with open(out_path, "w") as f:
@@ -75,7 +81,7 @@ def write_oracle_transcripts(tokenizer, out_path: str, suites=("synthetic:1",), 
                                 "loss_mask": traj.loss_mask_T.astype(int).tolist(),
                                 "task_id": traj.task_id}) + "\n")
             kept += 1
-    return {"tasks": len(tasks), "kept": kept, "failed": failed, "too_long": too_long}
+    return {"tasks": len(results), "kept": kept, "failed": failed, "too_long": too_long}
 
 
 def model_policy_factory(cfg, params, tokenizer, *, max_len: int = 2048, temperature: float = 1.0,

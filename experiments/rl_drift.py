@@ -11,28 +11,17 @@ import argparse
 import json
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from c2jax.agent.runner import run_episodes
-from c2jax.agent.sandbox import Sandbox
 from c2jax.data.tokenizer import Tokenizer
 from c2jax.models import forward
 from c2jax.models.moe import make_dropless
-from c2jax.pipeline import ReadThenFixPolicy, episode_config
-from c2jax.tasks import load_suite
+from c2jax.pipeline import oracle_episodes
+from c2jax.rl.learner import build_batch
 from c2jax.train.loop import load_run_config, load_run_params
 from c2jax.train.step import token_nll
 
 PARTS = ((1, "new text"), (2, "old text"), (0, "other"))
-
-
-def oracle_rows(tokenizer, n_tasks: int, seed: int) -> list[dict]:
-    """Tokens and model-token masks of the oracle's passing episodes on held-out tasks."""
-    tasks = load_suite("synthetic:1", "heldout", n=n_tasks, seed=seed)
-    res = run_episodes(tasks, ReadThenFixPolicy, tokenizer, Sandbox(), episode_config(), concurrency=4)
-    return [{"tokens": r.trajectory.tokens_T.tolist(), "loss_mask": r.trajectory.loss_mask_T.tolist()}
-            for r in res if r.grade and r.grade.passed]
 
 
 def part_ids(tokenizer, tokens_T) -> np.ndarray:
@@ -63,23 +52,20 @@ def main(argv=None) -> None:
     make_dropless(cfg.model)
     tok = Tokenizer.load(args.base)
     params = {"base": load_run_params(args.base, cfg), "rl": load_run_params(args.rl, load_run_config(args.rl))}
-    rows = oracle_rows(tok, args.tasks, args.seed)
-    L = max(len(r["tokens"]) for r in rows) - 1
-    B = len(rows)
-    x_BL, y_BL, seg_BL, part_BL = (np.zeros((B, L), np.int32) for _ in range(4))
-    mask_BL = np.zeros((B, L), bool)
-    for i, r in enumerate(rows):
-        t = r["tokens"]
-        n = len(t) - 1
-        x_BL[i, :n], y_BL[i, :n], seg_BL[i, :n] = t[:-1], t[1:], 1
-        mask_BL[i, :n] = np.asarray(r["loss_mask"][1:], bool)
-        part_BL[i, :n] = part_ids(tok, t)
+    trajs = [r.trajectory for r in oracle_episodes(tok, split="heldout", n_per_suite=args.tasks, seed=args.seed)
+             if r.grade and r.grade.passed]
+    batch = build_batch(trajs, np.zeros(len(trajs), np.float32), length_bucket=64)
+    B = len(trajs)
+    mask_BL = batch["loss_mask"]
+    part_BL = np.zeros_like(batch["inputs"])
+    for i, t in enumerate(trajs):
+        ids = part_ids(tok, t.tokens_T.tolist())
+        part_BL[i, :len(ids)] = ids
 
     @jax.jit
     def nll(p):
-        pos_BL = jnp.tile(jnp.arange(L), (B, 1))
-        out = forward(cfg, p, x_BL, pos_BL, seg_BL, return_aux=True)
-        return token_nll(out.logits / args.temperature, y_BL)[0]
+        out = forward(cfg, p, batch["inputs"], batch["positions"], batch["segment_ids"], return_aux=True)
+        return token_nll(out.logits / args.temperature, batch["targets"])[0]
 
     nll_BL = {k: np.asarray(nll(p)) for k, p in params.items()}
     report = {"episodes": B}

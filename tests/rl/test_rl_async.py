@@ -10,7 +10,6 @@ import sys
 import time
 
 import jax
-from jax.experimental.compilation_cache import compilation_cache
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -35,7 +34,6 @@ def persistent_jit_cache():
     jax.config.update("jax_compilation_cache_dir", JIT_CACHE)
     yield
     jax.config.update("jax_compilation_cache_dir", old)
-    compilation_cache.reset_cache()  # JAX memoizes "cache in use": later modules must not write to it
 
 
 def toy_cfg(**over):

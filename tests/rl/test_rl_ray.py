@@ -115,10 +115,9 @@ def test_killed_env_and_sampler_actors_are_restarted(cluster, tmp_path):
         if step == 1:
             orch.env.kill_worker(0)                         # its in-flight episodes are requeued
             ray.kill(svc.actors[0], no_restart=False)       # restarts on the learner's newest weights
-    # 0.5 s of environment time per episode: the kill always finds episodes in flight, whose
-    # requeued reruns then call the killed sampler (on a fast machine they had all finished)
-    # eval_every=0: the held-out eval at the end always calls the killed sampler actor (training
-    # calls may all have finished before the kill; whether env episodes were in flight is timing)
+    # eval_every=0: the held-out eval at the end always calls the killed sampler actor, so its
+    # restart is certain; 0.5 s of environment time per episode makes in-flight episodes at the
+    # kill likely, but whether an env worker is requeued stays timing, so it is not asserted
     s = run_rl(toy_cfg(backend="ray", staleness=1, steps=3, eval_every=0, toy_latency_s=0.5),
                str(tmp_path / "run"), hooks={"after_step": chaos})
     assert s["final_step"] == 3 and s["groups_consumed"] == 6 and s["groups_dropped"] == 0
