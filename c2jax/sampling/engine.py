@@ -334,10 +334,13 @@ class Sampler:
         self.slot_row: list[_Row | None] = [None] * self.B          # live row per slot
         self.slot_tokens: list[list[int]] = [[] for _ in range(self.B)]  # tokens whose KV is cached
         self.slot_experts: list[list[np.ndarray]] = [[] for _ in range(self.B)]  # routing per cached position
+        # oldest policy version whose weights wrote part of each slot's cache (None: empty)
+        self.slot_oldest_version: list[int | None] = [None] * self.B
         self._slot_used = [0] * self.B
         self._tick = itertools.count(1)
         self.prefill_tokens = 0
         self.prefill_calls = 0
+        self.stale_prefix_skips = 0  # shared prefixes not reused because older weights wrote them
         self.decode_steps = 0
         self.generated_tokens = 0
 
@@ -424,6 +427,9 @@ class Sampler:
                         continue
                     toks = self.slot_tokens[s]
                     lcp = _common_prefix(toks, prompt)
+                    if lcp > best and not self._reusable(s, lcp):
+                        self.stale_prefix_skips += 1
+                        continue
                     if lcp > best:
                         best, src = lcp, s
                 start = min(best, len(prompt) - 1)
@@ -437,6 +443,14 @@ class Sampler:
             batch.append((g, src, start, dest))
         if batch:
             self._run_prefill(batch)
+
+    def _reusable(self, s, lcp) -> bool:
+        """May a new request reuse slot s's first lcp cached positions? Always when older weights
+        wrote none of them; across a weight swap only to continue the slot's own sequence (a later
+        turn of the same episode, the in-flight update keeping its cache): a sibling episode that
+        merely shares the system prompt and task is prefilled fresh at the current version, so
+        each new episode's behaviour policy is the version its tokens are tagged with."""
+        return self.slot_oldest_version[s] == self.version or lcp == len(self.slot_tokens[s])
 
     def _run_prefill(self, batch):
         B, S = self.B, self.S
@@ -479,10 +493,12 @@ class Sampler:
         old = {}
         for *_, src, start, _n in rows:
             if src not in old:
-                old[src] = (list(self.slot_tokens[src][:start]), list(self.slot_experts[src]))
+                oldest = self.slot_oldest_version[src] if start else None
+                old[src] = (list(self.slot_tokens[src][:start]), list(self.slot_experts[src]), oldest)
         for _, i, row, s, src, start, n in rows:
-            toks, exps = old[src]
+            toks, exps, oldest = old[src]
             self.slot_tokens[s] = toks + row.req.prompt[start:start + n]
+            self.slot_oldest_version[s] = version if oldest is None else min(oldest, version)
             prev = _cat(exps)[:start] if exps else None
             new = None if ex is None else np.transpose(ex[:, i, :n], (1, 0, 2))
             self.slot_experts[s] = [e for e in (prev, new) if e is not None]

@@ -236,6 +236,34 @@ def test_harness_adapter_continues_slot(attention):
     assert s.prefill_tokens == before + 2
 
 
+def test_weight_swap_keeps_own_cache_but_not_shared_prefixes():
+    """After swap_params a later turn of the same sequence continues on its cache (in flight), but a
+    new context that only shares a prefix with an old-weights slot is prefilled fresh: its tokens
+    then follow the new weights alone, as their version tag says."""
+    cfg, params = setup("gqa")
+    new_params = c2jax.models.init_params(cfg, jax.random.key(1))
+    s = Sampler(cfg, params, version=0, **KW)
+    h = HarnessSampler(s, temperature=0.0)
+    ctx = list(PROMPTS[2])
+    ids, *_ = h(ctx, 5)
+    s.swap_params(new_params, 1)
+    sibling = ctx[:6] + [40, 41]
+    before = s.prefill_tokens
+    sib_ids, _, sib_vers, _ = h(sibling, 3)
+    assert s.prefill_tokens == before + len(sibling) and s.stale_prefix_skips >= 1
+    assert list(sib_vers) == [1, 1, 1]
+    fresh = generate(cfg, new_params, [sibling], max_new_tokens=3, temperature=0.0, **KW)
+    assert fresh.tokens[0][0] == sib_ids
+    # a later sibling reuses the new-weights slot's prefix
+    before = s.prefill_tokens
+    h(ctx[:6] + [42], 2)
+    assert s.prefill_tokens == before + 1
+    # the first sequence's next turn continues on its (old-weights) cache
+    before = s.prefill_tokens
+    h(ctx + ids + [30, 31, 32], 2)
+    assert s.prefill_tokens == before + 3
+
+
 def test_mla_cache_holds_only_latent_and_rope_key():
     cfg, params = setup("mla")
     s = Sampler(cfg, params, **KW)
