@@ -71,7 +71,9 @@ def make_env(cfg, workdir):
 
 
 def evaluate(env, service, tasks, k: int, temperature: float, seed: int, workers: int, tag: str) -> dict:
-    """pass@1 (mean success over all attempts) and best-of-K (any success per task)."""
+    """pass@1 (mean success over all attempts) with its standard error over tasks, best-of-K
+    (any success per task), and each task's pass fraction (eval/task_pass, in task order: evals of
+    the same tasks at two steps compare pairwise)."""
     def one(args):
         i, j = args
         _, passed = env.episode(tasks[i], service, f"eval/{i}/{j}", seed, temperature, group_id=f"eval{i}")
@@ -80,8 +82,11 @@ def evaluate(env, service, tasks, k: int, temperature: float, seed: int, workers
     with concurrent.futures.ThreadPoolExecutor(max(workers, 1)) as ex:
         for i, j, passed in ex.map(one, [(i, j) for i in range(len(tasks)) for j in range(k)]):
             ok[i, j] = passed
-    return {"eval/pass_at_1": float(ok.mean()), f"eval/best_of_{k}": float(ok.any(axis=1).mean()),
-            "eval/tasks": len(tasks)}
+    per_task = ok.mean(axis=1)
+    se = float(per_task.std(ddof=1) / np.sqrt(len(tasks))) if len(tasks) > 1 else float("nan")
+    return {"eval/pass_at_1": float(ok.mean()), "eval/pass_at_1_se": se,
+            f"eval/best_of_{k}": float(ok.any(axis=1).mean()), "eval/tasks": len(tasks),
+            "eval/task_pass": per_task.tolist()}
 
 
 def _stale_weights(groups, version, r):
@@ -209,7 +214,7 @@ def run_rl(cfg, workdir: str, *, hooks=None) -> dict:
         ev["eval/seconds"] = time.monotonic() - t0
         writer.write(at, ev)
         summary["evals"].append({"step": at, **ev})
-        log.info("eval at step %d: %s", at, ev)
+        log.info("eval at step %d: %s", at, {k: v for k, v in ev.items() if k != "eval/task_pass"})
         return ev
 
     t_start = time.monotonic()

@@ -86,6 +86,10 @@ def test_async_rl_raises_heldout_pass_at_1(tmp_path):
     s = run_rl(cfg, str(tmp_path / "run"))
     first, last = s["evals"][0], s["evals"][-1]
     assert last["eval/pass_at_1"] > first["eval/pass_at_1"] + 0.1, s["evals"]
+    for ev in (first, last):  # per-task pass fractions (for paired comparisons) and pass@1's standard error
+        per_task = np.asarray(ev["eval/task_pass"])
+        assert per_task.shape == (cfg.rl.eval_tasks,) and per_task.mean() == pytest.approx(ev["eval/pass_at_1"])
+        assert ev["eval/pass_at_1_se"] == pytest.approx(per_task.std(ddof=1) / np.sqrt(len(per_task)))
     rows = [m for m in read_metrics(str(tmp_path / "run")) if "reward" in m]
     assert max(m["staleness_hist"][1] for m in rows) > 0  # off-policy groups were used
     assert all(m["staleness_mean"] <= 1 for m in rows)
