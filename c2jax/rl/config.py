@@ -25,6 +25,9 @@ def rl_defaults() -> ml_collections.ConfigDict:
     c.suite_weights = ()  # sampling weight per suite (empty = equal)
     c.eval_suites = ()  # held-out suites for pass@1 / best-of-K (empty = same as suites)
     c.num_train_tasks = 0  # distinct training prompts (0 = steps * prompts_per_step; each used once)
+    # seed of the training-task pool (-1 = the run's seed). Set it apart from the seed an SFT stage's
+    # transcripts came from, so RL trains on tasks SFT never showed solved (the demo: SFT seed 0, RL 1)
+    c.task_seed = -1
     c.group_size = 4  # attempts per prompt (G)
     c.prompts_per_step = 2  # groups per learner step (P)
     c.steps = 10  # learner steps (policy versions published)
@@ -94,6 +97,8 @@ def validate_rl(r, model=None) -> None:
                 "data_shards", "checkpoint_every", "eval_k", "eval_tasks"):
         if int(r[key]) < 1:
             raise ConfigError(f"rl.{key} must be >= 1, got {r[key]}")
+    if int(r.task_seed) < -1:
+        raise ConfigError(f"rl.task_seed must be >= 0, or -1 for the run's seed; got {r.task_seed}")
     if r.staleness < 0:
         raise ConfigError(f"rl.staleness must be >= 0 (0 = synchronous), got {r.staleness}")
     if r.backend not in BACKENDS:

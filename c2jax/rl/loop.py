@@ -198,7 +198,8 @@ def run_rl(cfg, workdir: str, *, hooks=None) -> dict:
     store = GroupStore(os.path.join(workdir, "groups"))
     total = r.steps * r.prompts_per_step
     n_tasks = r.num_train_tasks or 2 * total
-    source = PromptSource(env, r, cfg.seed, n_tasks, store)
+    task_seed = int(r.get("task_seed", -1))  # run configs written before the field have none
+    source = PromptSource(env, r, cfg.seed if task_seed < 0 else task_seed, n_tasks, store)
     orch = Orchestrator(r, env, service, store, source, version=step, consumed=consumed, seed=cfg.seed,
                         total_groups=total + len(dropped))
     writer = MetricsWriter(workdir)

@@ -18,7 +18,7 @@ def test_validation_names_the_field():
     r = rl_defaults()
     validate_rl(r)
     for key, bad in (("backend", "mpi"), ("staleness", -1), ("group_size", 0), ("stale_policy", "x"),
-                     ("normalizer", "bogus"), ("sync_dtype", "int8")):
+                     ("normalizer", "bogus"), ("sync_dtype", "int8"), ("task_seed", -2)):
         r2 = rl_defaults()
         r2[key] = bad
         with pytest.raises(ConfigError, match=f"rl.{key}"):
