@@ -342,6 +342,20 @@ def resolve_dispatch(m) -> str:
     return "capacity" if target_backend() == "cpu" else "grouped"
 
 
+# GPU decode-size steps: ragged_dot (grouped) measured 5.1 ms a step where the padded [E, C, D]
+# einsum took 1.0 ms (H200, 89M MoE, batch 8; experiments/bench/gpu). Bounded by E * T padded rows
+# so that many-expert models (Kimi: 384) keep the grouped path.
+GPU_SMALL_BATCH_ROWS = 4096
+
+
+def small_batch_on_gpu(T: int, E: int, dispatch: str) -> bool:
+    """Does a grouped-dispatch step of T tokens over E experts run as the capacity dispatch on GPU
+    instead? Only where that stays dropless (T <= MIN_DROPLESS_CAPACITY, so cap = T) and the padded
+    E * T rows are few: decode steps."""
+    return (dispatch == "grouped" and target_backend() == "gpu" and T <= MIN_DROPLESS_CAPACITY
+            and E * T <= GPU_SMALL_BATCH_ROWS)
+
+
 def make_dropless(m) -> None:
     """Set model config m (in place) so MoE dispatch never drops an assignment: capacity dispatch
     gets capacity = tokens (factor experts / top-k); grouped dispatch is dropless already. The
@@ -430,6 +444,8 @@ class MoE(nn.Module):
             y_TD = y_BLD.reshape(B * L, D)
         elif m.quant == "none" and not prequant and B * L * K < E:
             y_TD, dropped = gather_dispatch(x_TD, ids_TK, weights_TK, w_gate, w_up, w_down)
+        elif m.quant == "none" and not prequant and small_batch_on_gpu(B * L, E, resolve_dispatch(m)):
+            y_TD, dropped = capacity_dispatch(x_TD, ids_TK, weights_TK, w_gate, w_up, w_down, m.capacity_factor)
         elif prequant or resolve_dispatch(m) == "grouped":
             y_TD, dropped = grouped_dispatch(x_TD, ids_TK, weights_TK, w_gate, w_up, w_down, m.quant)
         else:
