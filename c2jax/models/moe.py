@@ -334,17 +334,20 @@ _block_ffn.defvjp(_block_ffn_fwd, _block_ffn_bwd)
 
 
 def resolve_dispatch(m) -> str:
-    """'auto' -> capacity on CPU (ragged_dot lowers to a dense masked product there), grouped elsewhere."""
+    """'auto' -> grouped on TPU (the Pallas gmm kernel), capacity on CPU (ragged_dot lowers to a dense
+    masked product there) and GPU (XLA's ragged_dot trained the 89M bench at 78k tokens/s on an H200,
+    the capacity einsum at 410k: experiments/results/gpu_h200); grouped with quantized weights."""
     if m.moe_dispatch != "auto":
         return m.moe_dispatch
     if m.quant != "none":
         return "grouped"
-    return "capacity" if target_backend() == "cpu" else "grouped"
+    return "grouped" if target_backend() == "tpu" else "capacity"
 
 
-# GPU decode-size steps: ragged_dot (grouped) measured 5.1 ms a step where the padded [E, C, D]
-# einsum took 1.0 ms (H200, 89M MoE, batch 8; experiments/bench/gpu). Bounded by E * T padded rows
-# so that many-expert models (Kimi: 384) keep the grouped path.
+# GPU decode-size steps under an explicit moe_dispatch="grouped": ragged_dot measured 5.1 ms a step
+# where the padded [E, C, D] einsum took 0.97 ms (H200, 89M MoE, batch 8; 5.3 -> 1.4 ms at batch
+# 64; experiments/results/gpu_h200). Bounded by E * T padded rows so that many-expert models
+# (Kimi: 384) keep the grouped path.
 GPU_SMALL_BATCH_ROWS = 4096
 
 
