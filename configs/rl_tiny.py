@@ -19,12 +19,15 @@ def get_config(arg=None):
     if "rl" not in cfg:
         cfg.rl = rl_defaults()
     updates = {
-        "train.lr": 1e-4, "train.warmup_steps": 0, "train.weight_decay": 0.0, "train.grad_clip": 1.0,
+        # The setting that raised the demo SFT model's held-out pass@1 in every run (by 0.01-0.035,
+        # within noise; higher lr or a weaker KL anchor lowered it): experiments/results/rl_harness.
+        "train.lr": 5e-5, "train.warmup_steps": 0, "train.weight_decay": 0.0, "train.grad_clip": 1.0,
         "train.steps": 1000,  # schedule length only; RL runs rl.steps learner steps (constant lr until then)
-        "rl.steps": 20, "rl.group_size": 4, "rl.prompts_per_step": 4, "rl.staleness": 1,
+        "rl.steps": 40, "rl.group_size": 8, "rl.prompts_per_step": 8, "rl.staleness": 1,
         "rl.max_new_tokens": 128, "rl.max_turns": 4, "rl.max_total_tokens": 768,
-        "rl.env_workers": 8, "rl.sampler_slots": 8, "rl.eval_every": 10, "rl.eval_tasks": 8, "rl.eval_k": 4,
-        "rl.constant_normalizer_len": 768, "rl.kl_coef": 1e-3,
+        "rl.env_workers": 16, "rl.sampler_slots": 16, "rl.eval_every": 0, "rl.eval_tasks": 8, "rl.eval_k": 4,
+        "rl.constant_normalizer_len": 768, "rl.kl_coef": 0.02,
+        "rl.task_seed": 1,  # the demo's SFT transcripts solve seed-0 train tasks; RL trains on others
         # The demo SFT model's episode format and sampling temperature (c2jax/pipeline.py).
         "rl.system_prompt": SYSTEM_PROMPT, "rl.temperature": TEMPERATURE, "rl.eval_temperature": TEMPERATURE,
     }
@@ -35,6 +38,7 @@ def get_config(arg=None):
             "rl.env": "toy", "rl.max_new_tokens": 8, "rl.toy_prompt_len": 8, "rl.constant_normalizer_len": 16,
             "rl.group_size": 8, "rl.prompts_per_step": 2, "rl.eval_tasks": 16, "rl.eval_k": 4, "rl.eval_every": 0,
             "rl.env_workers": 8, "rl.sampler_slots": 16, "rl.temperature": 1.0, "rl.eval_temperature": 1.0,
+            "rl.steps": 20, "rl.kl_coef": 1e-3, "rl.task_seed": -1,
         })
     elif arg not in (None, ""):
         raise ValueError(f"configs/rl_tiny.py: unknown arg {arg!r}; use toy or nothing")

@@ -43,6 +43,10 @@ def test_rl_tiny_uses_the_demo_episode_format():
     assert cfg.rl.system_prompt == pipeline.episode_config().system_prompt == pipeline.SYSTEM_PROMPT
     assert cfg.rl.temperature == cfg.rl.eval_temperature == pipeline.TEMPERATURE
     assert not cfg.rl.list_tools_in_system and not pipeline.episode_config().list_tools_in_system
+    # RL prompts come from another task seed than the SFT transcripts (write_oracle_transcripts: seed 0)
+    import inspect
+    sft_seed = inspect.signature(pipeline.write_oracle_transcripts).parameters["seed"].default
+    assert cfg.rl.task_seed >= 0 and cfg.rl.task_seed != sft_seed
     toy = load_config(os.path.join(ROOT, "configs/rl_tiny.py:toy"))
     assert toy.rl.temperature == 1.0
 
