@@ -335,28 +335,14 @@ _block_ffn.defvjp(_block_ffn_fwd, _block_ffn_bwd)
 
 def resolve_dispatch(m) -> str:
     """'auto' -> grouped on TPU (the Pallas gmm kernel), capacity on CPU (ragged_dot lowers to a dense
-    masked product there) and GPU (XLA's ragged_dot trained the 89M bench at 78k tokens/s on an H200,
-    the capacity einsum at 410k: experiments/results/gpu_h200); grouped with quantized weights."""
+    masked product there) and GPU (on an H200 XLA's ragged_dot trained the 89M bench at 78k tokens/s,
+    the capacity einsum at 410k, and took 5.1 ms a decode step at batch 8 against 0.97:
+    experiments/results/gpu_h200); grouped with quantized weights."""
     if m.moe_dispatch != "auto":
         return m.moe_dispatch
     if m.quant != "none":
         return "grouped"
     return "grouped" if target_backend() == "tpu" else "capacity"
-
-
-# GPU decode-size steps under an explicit moe_dispatch="grouped": ragged_dot measured 5.1 ms a step
-# where the padded [E, C, D] einsum took 0.97 ms (H200, 89M MoE, batch 8; 5.3 -> 1.4 ms at batch
-# 64; experiments/results/gpu_h200). Bounded by E * T padded rows so that many-expert models
-# (Kimi: 384) keep the grouped path.
-GPU_SMALL_BATCH_ROWS = 4096
-
-
-def small_batch_on_gpu(T: int, E: int, dispatch: str) -> bool:
-    """Does a grouped-dispatch step of T tokens over E experts run as the capacity dispatch on GPU
-    instead? Only where that stays dropless (T <= MIN_DROPLESS_CAPACITY, so cap = T) and the padded
-    E * T rows are few: decode steps."""
-    return (dispatch == "grouped" and target_backend() == "gpu" and T <= MIN_DROPLESS_CAPACITY
-            and E * T <= GPU_SMALL_BATCH_ROWS)
 
 
 def make_dropless(m) -> None:
@@ -447,8 +433,6 @@ class MoE(nn.Module):
             y_TD = y_BLD.reshape(B * L, D)
         elif m.quant == "none" and not prequant and B * L * K < E:
             y_TD, dropped = gather_dispatch(x_TD, ids_TK, weights_TK, w_gate, w_up, w_down)
-        elif m.quant == "none" and not prequant and small_batch_on_gpu(B * L, E, resolve_dispatch(m)):
-            y_TD, dropped = capacity_dispatch(x_TD, ids_TK, weights_TK, w_gate, w_up, w_down, m.capacity_factor)
         elif prequant or resolve_dispatch(m) == "grouped":
             y_TD, dropped = grouped_dispatch(x_TD, ids_TK, weights_TK, w_gate, w_up, w_down, m.quant)
         else:
