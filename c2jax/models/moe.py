@@ -335,8 +335,9 @@ _block_ffn.defvjp(_block_ffn_fwd, _block_ffn_bwd)
 
 def resolve_dispatch(m) -> str:
     """'auto' -> grouped on TPU (the Pallas gmm kernel), capacity on CPU (ragged_dot lowers to a dense
-    masked product there) and GPU (on an H200 XLA's ragged_dot trained the 89M bench at 78k tokens/s,
-    the capacity einsum at 410k, and took 5.1 ms a decode step at batch 8 against 0.97:
+    masked product there) and GPU (on an H200 the grouped path, pallas_kernels' row-tiled XLA
+    fallback scan, trained the 89M bench at 78k tokens/s, the capacity einsum at 410k, and took
+    5.1 ms a decode step at batch 8 against 0.97:
     experiments/results/gpu_h200); grouped with quantized weights."""
     if m.moe_dispatch != "auto":
         return m.moe_dispatch
