@@ -27,6 +27,7 @@ def get_config(arg=None):
         "rl.max_new_tokens": 128, "rl.max_turns": 4, "rl.max_total_tokens": 768,
         "rl.env_workers": 16, "rl.sampler_slots": 16, "rl.eval_every": 0, "rl.eval_tasks": 8, "rl.eval_k": 4,
         "rl.constant_normalizer_len": 768, "rl.kl_coef": 0.02,
+        "rl.micro_batch_rows": 32,  # bounds the learner's memory (~270 kB a token at this size on CPU)
         "rl.task_seed": 1,  # the demo's SFT transcripts solve seed-0 train tasks; RL trains on others
         # The demo SFT model's episode format and sampling temperature (c2jax/pipeline.py).
         "rl.system_prompt": SYSTEM_PROMPT, "rl.temperature": TEMPERATURE, "rl.eval_temperature": TEMPERATURE,

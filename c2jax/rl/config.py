@@ -54,6 +54,7 @@ def rl_defaults() -> ml_collections.ConfigDict:
     c.router_replay = True  # force the sampler's recorded experts (gate scores still from the learner)
     c.replay_threshold = 0.0  # copied to model.replay_threshold: replace forced experts scoring < thr * own k-th
     c.length_bucket = 64  # learner batch padded length is a multiple of this (few compiles)
+    c.micro_batch_rows = 0  # learner rows per forward/backward (gradients summed over micro-batches); 0 = all
     c.data_shards = 1  # learner batch is ordered so each data shard gets a balanced token count
     # --- weight sync ---
     c.delta_full_every = 10  # publish a full snapshot every N versions, lossless deltas in between
@@ -97,6 +98,8 @@ def validate_rl(r, model=None) -> None:
                 "data_shards", "checkpoint_every", "eval_k", "eval_tasks"):
         if int(r[key]) < 1:
             raise ConfigError(f"rl.{key} must be >= 1, got {r[key]}")
+    if int(r.micro_batch_rows) < 0:
+        raise ConfigError(f"rl.micro_batch_rows must be >= 0 (0 = the whole batch at once), got {r.micro_batch_rows}")
     if int(r.task_seed) < -1:
         raise ConfigError(f"rl.task_seed must be >= 0, or -1 for the run's seed; got {r.task_seed}")
     if r.staleness < 0:

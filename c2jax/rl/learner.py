@@ -28,7 +28,7 @@ from c2jax.models import forward
 from c2jax.models.moe import make_dropless
 from c2jax.models.transformer import layer_counts, model_cfg
 from c2jax.rl.advantages import apply_kl_penalty, broadcast_advantages
-from c2jax.rl.losses import _masked_p99, policy_loss
+from c2jax.rl.losses import _masked_p99, loss_token_count, policy_loss
 from c2jax.train.optimizer import make_optimizer
 from c2jax.train.step import _tree_all_finite, init_state, token_nll
 
@@ -68,17 +68,20 @@ def balance_order(lengths, num_shards: int) -> list[int]:
 
 
 def build_batch(trajs, advantages_B, length_bucket: int = 64, weights_B=None, num_moe_layers: int = 0,
-                top_k: int = 0, max_len: int | None = None, row_bucket: int = 1) -> dict:
+                top_k: int = 0, max_len: int | None = None, row_bucket: int = 1, row_multiple: int = 1) -> dict:
     """Next-token batch from trajectories (numpy). Position t predicts token t+1.
 
     Keys: inputs, targets, positions, segment_ids [B, L] int32; loss_mask [B, L] bool;
     behaviour_logp [B, L] f32; advantages [B] f32 (x weights_B); truncated [B] bool;
     forced_ids [N, B, L, K] int32 (-1 = not recorded) when num_moe_layers; num_sequences f32
     (the real rows: past row_bucket, B is rounded up to a multiple of it with empty rows, so
-    batches of chained rollouts, whose sequence count varies, reuse a few compiled steps).
+    batches of chained rollouts, whose sequence count varies, reuse a few compiled steps; then up
+    to a multiple of row_multiple, the micro-batch size).
     """
     n_seq = len(trajs)
     B = n_seq if n_seq <= row_bucket else -(-n_seq // row_bucket) * row_bucket
+    if row_multiple > 1 and B > row_multiple:
+        B = -(-B // row_multiple) * row_multiple
     advantages_B = np.pad(np.asarray(advantages_B, np.float32), (0, B - n_seq))
     if weights_B is not None:
         weights_B = np.pad(np.asarray(weights_B, np.float32), (0, B - n_seq))
@@ -126,46 +129,102 @@ def _mismatch(logp_BL, behaviour_BL, mask_BL):
     return jnp.sum(d) / n, _masked_p99(d, on)
 
 
+ROW_KEYS = ("inputs", "targets", "positions", "segment_ids", "loss_mask", "behaviour_logp", "advantages",
+            "truncated")
+
+
+def _to_micro(x, M: int):
+    """[B, ...] -> [M, B / M, ...]; micro-batch m holds rows m, m + M, m + 2M, ... (strided, so
+    each micro-batch mixes long and short rows of the length-balanced order)."""
+    return x.reshape(x.shape[0] // M, M, *x.shape[1:]).swapaxes(0, 1)
+
+
+def _from_micro(x):
+    return x.swapaxes(0, 1).reshape(-1, *x.shape[2:])
+
+
+def num_micro_batches(B: int, micro_batch_rows: int) -> int:
+    """Micro-batches of a B-row batch (1 when rl.micro_batch_rows is 0 or >= B)."""
+    if not micro_batch_rows or B <= micro_batch_rows:
+        return 1
+    if B % micro_batch_rows:
+        raise ValueError(f"learner batch of {B} rows is not a multiple of rl.micro_batch_rows={micro_batch_rows}")
+    return B // micro_batch_rows
+
+
 def rl_train_step(cfg, optimizer, state, ref_params, batch):
-    """One learner step. Returns (new_state, metrics)."""
+    """One learner step. Returns (new_state, metrics).
+
+    With rl.micro_batch_rows the batch runs as M micro-batches (lax.scan): the no-gradient
+    forwards (own routes, reference logprobs), then the differentiated forward whose gradients are
+    summed. Every loss normalizer is a batch total computed up front, so the summed gradient equals
+    the whole-batch gradient; metrics are computed once on the whole batch's logprobs."""
     r = cfg.rl
     m = model_cfg(cfg)
     mask = batch["loss_mask"]
+    B = mask.shape[0]
+    M = num_micro_batches(B, int(r.get("micro_batch_rows", 0)))
     _, n_moe = layer_counts(m)
     replay = bool(r.router_replay) and n_moe > 0 and "forced_ids" in batch
-    forced = None
+    use_ref = r.kl_coef > 0
+    rows = {k: _to_micro(batch[k], M) for k in ROW_KEYS}
+    params_sg = jax.lax.stop_gradient(state["params"])
+
+    def no_grad_forwards(_, b):
+        out = {}
+        if replay:
+            out["own_logp"], aux = _logp(cfg, params_sg, b, None)
+            out["own_ids"] = aux["expert_ids"].astype(jnp.int32)                # [N, mb, L, K]
+        if use_ref:
+            out["ref_logp"] = jax.lax.stop_gradient(_logp(cfg, ref_params, b, None)[0])
+        return None, out
+
+    pre = jax.lax.scan(no_grad_forwards, None, rows)[1] if (replay or use_ref) else {}
     metrics = {}
+    forced_M = None
     if replay:
-        own_logp, own_aux = _logp(cfg, jax.lax.stop_gradient(state["params"]), batch, None)
-        own_ids = own_aux["expert_ids"].astype(jnp.int32)                      # [N, B, L, K]
-        rec = batch["forced_ids"]
+        rec = batch["forced_ids"]                                                # [N, B, L, K]
+        own_ids = jnp.moveaxis(_from_micro(jnp.moveaxis(pre["own_ids"], 2, 1)), 0, 1)  # [N, B, L, K]
         recorded = jnp.all(rec >= 0, axis=-1, keepdims=True)
         forced = jnp.where(recorded, rec, own_ids)
+        forced_M = jnp.moveaxis(_to_micro(jnp.moveaxis(forced, 1, 0), M), 1, 2)  # [M, N, mb, L, K]
         same = jnp.all(jnp.sort(own_ids, -1) == jnp.sort(rec, -1), axis=-1)    # [N, B, L]
         tok = recorded[..., 0] & mask[None]
         metrics["route_agreement"] = jnp.sum(same & tok) / jnp.maximum(jnp.sum(tok), 1)
         metrics["replayed_fraction"] = jnp.sum(tok) / jnp.maximum(jnp.sum(mask) * n_moe, 1)
-        mm, p99 = _mismatch(own_logp, batch["behaviour_logp"], mask)
+        mm, p99 = _mismatch(_from_micro(pre["own_logp"]), batch["behaviour_logp"], mask)
         metrics["logprob_mismatch_noreplay_mean"], metrics["logprob_mismatch_noreplay_p99"] = mm, p99
-    ref_logp = None
-    if r.kl_coef > 0:
-        ref_logp, _ = _logp(cfg, ref_params, batch, None)
-        ref_logp = jax.lax.stop_gradient(ref_logp)
+    n_seq = batch.get("num_sequences")
+    num_tokens = loss_token_count(mask, batch["truncated"], r)
 
-    def loss_fn(params):
-        logp, aux = _logp(cfg, params, batch, forced)
-        if ref_logp is not None:
-            adv = apply_kl_penalty(batch["advantages"], logp, ref_logp, mask, r.kl_coef, r.kl_estimator, r.kl_to_go)
-        else:
-            adv = broadcast_advantages(batch["advantages"], logp.shape)
-        loss, lm = policy_loss(logp, batch["behaviour_logp"], adv, mask, r, batch["truncated"], ref_logp,
-                               batch.get("num_sequences"))
-        if "replaced_fraction" in aux:
-            lm["replay_replaced_fraction"] = jnp.mean(aux["replaced_fraction"])
-        lm["logp_mean"] = jnp.sum(jnp.where(mask, jax.lax.stop_gradient(logp), 0.0)) / jnp.maximum(jnp.sum(mask), 1)
-        return loss, lm
+    def grad_micro(acc, xs):
+        b, forced, ref_logp = xs
 
-    (loss, lm), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
+        def loss_fn(params):
+            logp, aux = _logp(cfg, params, b, forced)
+            if ref_logp is not None:
+                adv = apply_kl_penalty(b["advantages"], logp, ref_logp, b["loss_mask"], r.kl_coef, r.kl_estimator,
+                                       r.kl_to_go)
+            else:
+                adv = broadcast_advantages(b["advantages"], logp.shape)
+            loss, _ = policy_loss(logp, b["behaviour_logp"], adv, b["loss_mask"], r, b["truncated"], None, n_seq,
+                                  num_tokens=num_tokens)
+            has_replaced.append("replaced_fraction" in aux)
+            rf = jnp.mean(aux["replaced_fraction"]) if "replaced_fraction" in aux else jnp.float32(0)
+            return loss, (jax.lax.stop_gradient(logp), jax.lax.stop_gradient(adv), rf)
+
+        (_, extras), g = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
+        return jax.tree.map(jnp.add, acc, g), extras
+
+    has_replaced = []  # set while tracing: MoE forwards report the replay-replaced fraction
+    zeros = jax.tree.map(jnp.zeros_like, state["params"])
+    grads, (logp_M, adv_M, replaced_M) = jax.lax.scan(grad_micro, zeros, (rows, forced_M, pre.get("ref_logp")))
+    ref_logp = _from_micro(pre["ref_logp"]) if use_ref else None
+    loss, lm = policy_loss(_from_micro(logp_M), batch["behaviour_logp"], _from_micro(adv_M), mask, r,
+                           batch["truncated"], ref_logp, n_seq)
+    if any(has_replaced):
+        lm["replay_replaced_fraction"] = jnp.mean(replaced_M)
+    lm["logp_mean"] = jnp.sum(jnp.where(mask, _from_micro(logp_M), 0.0)) / jnp.maximum(jnp.sum(mask), 1)
     finite = jnp.isfinite(loss) & _tree_all_finite(grads)
     updates, new_opt = optimizer.update(grads, state["opt_state"], state["params"])
     new_params = optax.apply_updates(state["params"], updates)
@@ -176,6 +235,7 @@ def rl_train_step(cfg, optimizer, state, ref_params, batch):
     metrics["logprob_mismatch_mean"] = metrics.pop("logprob_mismatch_mean_abs")
     metrics["grad_norm"] = optax.global_norm(grads)
     metrics["skipped"] = (~finite).astype(jnp.int32)
+    metrics["micro_batches"] = jnp.int32(M)
     return new_state, metrics
 
 
@@ -219,7 +279,7 @@ class Learner:
         w = None if weights_B is None else np.asarray(weights_B)[order]
         return build_batch(trajs, adv, r.length_bucket, w, self.num_moe_layers, self.top_k,
                            max_len=self.cfg.model.max_position_embeddings,
-                           row_bucket=r.prompts_per_step * r.group_size)
+                           row_bucket=r.prompts_per_step * r.group_size, row_multiple=int(r.micro_batch_rows))
 
     def step(self, trajs, advantages_B, weights_B=None) -> dict:
         batch = self.make_batch(trajs, advantages_B, weights_B)

@@ -105,8 +105,17 @@ def _masked_p99(x, mask):
     return jnp.where(n > 0, sorted_[jnp.clip(idx, 0, flat.shape[0] - 1)], 0.0)
 
 
+def loss_token_count(loss_mask_BL, truncated_B, cfg):
+    """Tokens the loss averages over (the "tokens" normalizer): the mask, less truncated rows
+    when rl.mask_overlong."""
+    mask = loss_mask_BL.astype(jnp.float32)
+    if cfg.mask_overlong:
+        mask = mask * (1.0 - truncated_B.astype(jnp.float32))[:, None]
+    return jnp.maximum(jnp.sum(mask), 1.0)
+
+
 def policy_loss(logp_BL, behaviour_logp_BL, advantages, loss_mask_BL, cfg, truncated_B=None,
-                ref_logp_BL=None, num_sequences=None):
+                ref_logp_BL=None, num_sequences=None, num_tokens=None):
     """Dr. GRPO policy-gradient loss with truncated importance weights.
 
     Args:
@@ -120,6 +129,8 @@ def policy_loss(logp_BL, behaviour_logp_BL, advantages, loss_mask_BL, cfg, trunc
       ref_logp_BL: optional reference logprobs, only for the logged KL metrics.
       num_sequences: real sequences in the batch when rows past them are padding (a row count
         bucketed so chained rollouts do not recompile the step); default B.
+      num_tokens: the "tokens" normalizer's count when this is one micro-batch of a larger batch
+        (`loss_token_count` of the whole batch); default this batch's loss tokens.
     Returns:
       (loss scalar, metrics dict of scalars).
     """
@@ -157,7 +168,8 @@ def policy_loss(logp_BL, behaviour_logp_BL, advantages, loss_mask_BL, cfg, trunc
         per_token_BL = -w_BL * adv_BL * logp_BL
         clip_frac_num = jnp.array(0.0, dtype)
 
-    num_tokens = jnp.maximum(jnp.sum(mask_BL), 1.0)
+    batch_tokens = jnp.maximum(jnp.sum(mask_BL), 1.0)  # metrics average over this call's tokens
+    num_tokens = batch_tokens if num_tokens is None else jnp.asarray(num_tokens, dtype)
     n_seq = jnp.asarray(B if num_sequences is None else num_sequences, dtype)
     if cfg.normalizer == "constant":
         norm_len = cfg.constant_normalizer_len or L
@@ -176,22 +188,22 @@ def policy_loss(logp_BL, behaviour_logp_BL, advantages, loss_mask_BL, cfg, trunc
     metrics = {
         "loss": jax.lax.stop_gradient(loss),
         "num_tokens": jnp.sum(mask_BL),
-        "importance_ratio_mean": _masked_mean(ratio_sg, mask_BL, num_tokens),
+        "importance_ratio_mean": _masked_mean(ratio_sg, mask_BL, batch_tokens),
         "importance_ratio_max": jnp.max(jnp.where(on, ratio_sg, 0.0)),
-        "importance_weight_mean": _masked_mean(w_BL, mask_BL, num_tokens),
-        "is_capped_fraction": (_masked_mean((ratio_sg > cfg.is_cap).astype(dtype), mask_BL, num_tokens)
+        "importance_weight_mean": _masked_mean(w_BL, mask_BL, batch_tokens),
+        "is_capped_fraction": (_masked_mean((ratio_sg > cfg.is_cap).astype(dtype), mask_BL, batch_tokens)
                                if cfg.is_cap is not None else jnp.array(0.0, dtype)),
-        "clip_fraction": clip_frac_num / num_tokens,
+        "clip_fraction": clip_frac_num / batch_tokens,
         # KL(pi_behaviour || pi) from behaviour samples: log r = logp - logp_behaviour.
-        "kl_behaviour_k3": _masked_mean(jnp.expm1(lr) - lr, mask_BL, num_tokens),
-        "logprob_mismatch_mean_abs": _masked_mean(abs_diff, mask_BL, num_tokens),
+        "kl_behaviour_k3": _masked_mean(jnp.expm1(lr) - lr, mask_BL, batch_tokens),
+        "logprob_mismatch_mean_abs": _masked_mean(abs_diff, mask_BL, batch_tokens),
         "logprob_mismatch_p99": _masked_p99(abs_diff, on),
-        "entropy_proxy": _masked_mean(-jax.lax.stop_gradient(logp_BL), mask_BL, num_tokens),
-        "advantage_mean": _masked_mean(adv_BL, mask_BL, num_tokens),
+        "entropy_proxy": _masked_mean(-jax.lax.stop_gradient(logp_BL), mask_BL, batch_tokens),
+        "advantage_mean": _masked_mean(adv_BL, mask_BL, batch_tokens),
     }
     if ref_logp_BL is not None:
         lp = jax.lax.stop_gradient(logp_BL)
         for est in KL_ESTIMATORS:
             ref = jnp.where(on, ref_logp_BL, 0.0)
-            metrics[f"kl_ref_{est}"] = _masked_mean(kl_estimate(lp, ref, est), mask_BL, num_tokens)
+            metrics[f"kl_ref_{est}"] = _masked_mean(kl_estimate(lp, ref, est), mask_BL, batch_tokens)
     return loss, metrics

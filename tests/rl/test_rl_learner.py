@@ -126,3 +126,44 @@ def test_balance_order():
     assert sorted(order) == list(range(6))
     loads = [sum(lengths[i] for i in order[:3]), sum(lengths[i] for i in order[3:])]
     assert abs(loads[0] - loads[1]) <= 20
+
+
+@pytest.mark.parametrize("micro,normalizer,overlong", [(2, "constant", False), (4, "tokens", True),
+                                                       (4, "seq_len", False)])
+def test_micro_batched_step_equals_whole_batch(micro, normalizer, overlong):
+    """rl.micro_batch_rows splits the step into micro-batches (6 rows -> 3 x 2, or 8 padded rows ->
+    2 x 4): the update and the metrics equal the whole-batch step's."""
+    cfg, params = setup(0.7)
+    trajs = rollouts(cfg, params)
+    for i, t in enumerate(trajs):  # toy rollouts all stop at max tokens: one truncated row for mask_overlong
+        t.finish_reason = "max_tokens" if i == 1 else "stop"
+    adv = np.random.default_rng(0).normal(size=len(trajs)).astype(np.float32)
+    out = {}
+    for rows in (0, micro):
+        c = load_config("configs/rl_tiny.py:toy", ["--config.rl.temperature=0.7", f"--config.rl.micro_batch_rows={rows}",
+                                                  f"--config.rl.normalizer={normalizer}", "--config.rl.kl_coef=0.05",
+                                                  f"--config.rl.mask_overlong={overlong}",
+                                                  "--config.train.adam_eps=1.0"])  # ~SGD: updates follow the gradient
+        learner = Learner(c, params)
+        learner.step(trajs, adv)  # step 1 moves off the reference: step 2 has KL and ratios != 1
+        m = learner.step(trajs, adv[::-1].copy())
+        out[rows] = (m, jax.device_get(learner.params))
+    (m0, p0), (m1, p1) = out[0], out[micro]
+    assert m1["micro_batches"] == (3 if micro == 2 else 2) and m0["micro_batches"] == 1
+    for k in ("loss", "grad_norm", "kl_ref_k1", "importance_ratio_mean", "logprob_mismatch_p99", "route_agreement",
+              "num_tokens"):
+        np.testing.assert_allclose(m1[k], m0[k], rtol=2e-5, atol=1e-7, err_msg=k)
+    assert m0["kl_ref_k1"] != 0.0 and m0["grad_norm"] > 0
+    # (with Adam's eps 1e-8 a near-zero gradient element gets a ~lr step whose size float noise decides)
+    u0 = [np.asarray(a) - np.asarray(p) for a, p in zip(jax.tree.leaves(p0), jax.tree.leaves(params))]
+    u1 = [np.asarray(a) - np.asarray(p) for a, p in zip(jax.tree.leaves(p1), jax.tree.leaves(params))]
+    scale = max(float(np.abs(u).max()) for u in u0)
+    assert scale > 0
+    for a, b in zip(u0, u1):
+        np.testing.assert_allclose(b, a, rtol=1e-3, atol=1e-3 * scale)  # f32 rounding of p + u
+
+
+def test_micro_batch_rows_is_validated():
+    from c2jax.config import ConfigError
+    with pytest.raises(ConfigError, match="micro_batch_rows"):
+        load_config("configs/rl_tiny.py:toy", ["--config.rl.micro_batch_rows=-1"])
