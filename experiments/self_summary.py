@@ -237,6 +237,7 @@ def _rl(args, out, sft_dir, stats, t0):
             f"--config.rl.max_summary_tokens={args.max_summary_tokens}", "--config.rl.env_workers=4",
             "--config.rl.sampler_slots=4", f"--config.rl.constant_normalizer_len={args.window}",
             "--config.rl.eval_every=-1", "--config.rl.staleness=0", "--config.rl.length_bucket=256",
+            "--config.rl.micro_batch_rows=8",  # ~8 segments a chain: a whole step at once ran out of memory
             *args.rl_override])
         stats["rl_summary"] = run_rl(cfg, rl_dir)
         from c2jax.train.metrics import read_metrics
