@@ -10,7 +10,9 @@ the tool output alone is ~8k byte-tokens, so a 2k-4k context has to be compacted
 write needs values read long before (i.e. from before any summary).
 
 Hidden test: REGISTRY equals the expected dict (exact types), `total()` works, and registry.py
-does not mention settings.
+does not mention settings. It first reports one outcome per constant (right value in REGISTRY, and
+registry.py free of settings/), so a failing episode's verifier score is the fraction of constants
+it got right (capped at 0.99 by Task.run_hidden_tests): partial credit RL can learn from.
 
 Also here: `LongHorizonPolicy`, a deterministic scripted agent for these tasks that decides
 *only from its current context* (so what a summary keeps is what it knows): list settings/,
@@ -29,7 +31,7 @@ import json
 import random
 import re
 
-from c2jax.tasks.base import Task, plain_test_script, split_of, stable_hash
+from c2jax.tasks.base import NONCE_PLACEHOLDER, REPORT_MARKER, Task, plain_test_script, split_of, stable_hash
 
 TOOLS = ["read_file", "list_dir", "edit_file", "write_file"]
 _MODULES = ("alpha", "beacon", "cobalt", "delta", "ember", "falcon", "garnet", "harbor", "indigo", "juniper",
@@ -72,6 +74,21 @@ def _module_source(rng: random.Random, name: str, value: int, file_chars: int) -
     return "\n".join(blocks) + "\n"
 
 
+def _per_fact_report(facts: dict[str, int]) -> str:
+    """Hidden-test lines that print {constant: "pass" | "fail"} (Task.run_hidden_tests' partial credit)."""
+    return ("import json\n"
+            "try:\n"
+            "    _src = open('registry.py').read()\n"
+            "    import registry as _reg\n"
+            "    _got = _reg.REGISTRY if 'settings' not in _src else None\n"
+            "except BaseException:\n"
+            "    _got = None\n"
+            f"_facts = {facts!r}\n"
+            "_out = {k: 'pass' if isinstance(_got, dict) and k in _got and _same(_got[k], v) else 'fail'\n"
+            "        for k, v in _facts.items()}\n"
+            f"print({REPORT_MARKER + NONCE_PLACEHOLDER + ' '!r} + json.dumps(_out, sort_keys=True), flush=True)\n")
+
+
 REGISTRY_SRC = ('"""Legacy constants, collected in one place."""\n\nREGISTRY = {}\n\n\n'
                 "def total():\n    return sum(REGISTRY.values())\n")
 
@@ -86,7 +103,7 @@ def generate_one(seed: int, index: int, n_files: int = 8, file_chars: int = 900)
     prompt = (f"Each of the {n_files} modules in settings/ defines one LEGACY_* constant. Put all of them in "
               "REGISTRY in registry.py as {name: value}, written as literals: settings/ is being deleted, so "
               "registry.py must not use it.")
-    tests = ("from registry import REGISTRY, total\n"
+    tests = (_per_fact_report(facts) + "from registry import REGISTRY, total\n"
              f"assert _same(REGISTRY, {facts!r}), 'REGISTRY is wrong: ' + repr(REGISTRY)\n"
              f"assert total() == {sum(facts.values())}\n"
              "assert 'settings' not in open('registry.py').read(), 'registry.py must not use settings/'\n")

@@ -32,19 +32,28 @@ def test_reference_passes_and_bad_outcomes_fail():
     facts = dict(t.metadata["facts"])
     from c2jax.tasks.base import local_run, write_files
 
-    def grade(registry_src, tmp):
+    def grade(registry_src, tmp, score=None):
         files = dict(t.files, **{"registry.py": registry_src})
         write_files(tmp, files)
-        return t.grade(tmp, local_run).passed
+        g = t.grade(tmp, local_run)
+        if score is not None:
+            assert abs(g.score - score) < 1e-9, (g.score, score, g.details)
+        return g.passed
 
     import tempfile
     from pathlib import Path
     src = lambda d: long_horizon.REGISTRY_SRC.replace("REGISTRY = {}", f"REGISTRY = {d!r}")
     with tempfile.TemporaryDirectory() as d:
-        assert grade(src(facts), Path(d))
+        assert grade(src(facts), Path(d), score=1.0)
     missing = dict(list(facts.items())[1:])
     with tempfile.TemporaryDirectory() as d:
-        assert not grade(src(missing), Path(d))           # one value forgotten
+        assert not grade(src(missing), Path(d), score=2 / 3)  # one value forgotten: partial credit
+    wrong = {k: v + 1 if i == 0 else v for i, (k, v) in enumerate(facts.items())}
+    wrong["LEGACY_EXTRA"] = 5
+    with tempfile.TemporaryDirectory() as d:
+        assert not grade(src(wrong), Path(d), score=2 / 3)    # one value wrong, an extra key
     imports = "from settings import *\n" + src(facts)
     with tempfile.TemporaryDirectory() as d:
-        assert not grade(imports, Path(d))                # must not use settings/
+        assert not grade(imports, Path(d), score=0.0)        # must not use settings/: no credit
+    with tempfile.TemporaryDirectory() as d:
+        assert not grade("REGISTRY = {", Path(d), score=0.0)  # does not import
