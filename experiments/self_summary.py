@@ -27,6 +27,9 @@ Policies:
                     per segment (c2jax.agent.summarize.write_chain_transcripts)
                  3. RL (c2jax.rl.loop.run_rl) with rl.summary_method="self" at the small trigger
                  4. the eight-method comparison on held-out tasks with the RL model
+               --copy-steps N: before SFT, N steps on random-token repeats (an induction
+               circuit), then SFT on the chains mixed with copy records (c2jax.data.copy_curriculum;
+               an ablation, see results/self_summary/README.md: it did not teach the values).
                Sizes (BPE tokens of the CPT tokenizer): 5 modules x 200 chars (full episode
                ~1.9k tokens), window 1536, triggers 768 / 384, full reference 2047 (the model's
                positions). --quick: a few-minute version (fewer steps and tasks).
@@ -164,35 +167,24 @@ SYSTEM_PROMPT = "You are a coding agent. Use the tools; answer briefly when done
 
 
 def train_pipeline(args) -> dict:
-    """CPT (or --init-from) -> SFT on scripted self-summarizing transcripts (or --sft-from) ->
-    RL with rl.summary_method="self". Returns {"sft": dir, "rl": dir or None, "stats": {...}}."""
+    """CPT (or --init-from / --sft-from) -> copy curriculum (--copy-steps) -> SFT on scripted
+    self-summarizing transcripts (skipped for a bare --sft-from) -> RL with rl.summary_method="self".
+    Returns {"sft": dir, "rl": dir or None, "stats": {...}}."""
     out = args.workdir
     os.makedirs(out, exist_ok=True)
     stats, t0 = {}, time.time()
-    sft_dir = args.sft_from or _cpt_and_sft(args, out, stats, t0)
+    sft_dir = args.sft_from if args.sft_from and not args.copy_steps else _cpt_and_sft(args, out, stats, t0)
     stats["sft_dir"] = sft_dir
     rl_dir = _rl(args, out, sft_dir, stats, t0)
     stats["train_s"] = time.time() - t0
     return {"sft": sft_dir, "rl": rl_dir, "stats": stats}
 
 
-def _cpt_and_sft(args, out, stats, t0) -> str:
+def _write_transcripts(args, tokenizer, path, stats) -> None:
+    """The scripted agent's self-summarizing chains, half of the train tasks at each trigger."""
     from c2jax.agent.sandbox import Sandbox
-    from c2jax.config import load_config
-    from c2jax.data.tokenizer import Tokenizer
-    from c2jax.train.loop import run_training
-    q = args.quick
-    cpt_dir = args.init_from
-    if not cpt_dir:
-        cpt_dir = os.path.join(out, "cpt")
-        run_training(load_config("configs/stages/cpt.py:tiny", [f"--config.train.steps={40 if q else 150}",
-                                                                "--config.train.eval_every=0"]), cpt_dir)
-    stats["cpt_s"] = time.time() - t0
-    tokenizer = Tokenizer.load(cpt_dir)
-    # SFT data: the scripted agent's self-summarizing chains at both triggers, one record per segment
-    tasks = lh.load("train", args.sft_tasks or (24 if q else 96), args.seed, n_files=args.n_files,
+    tasks = lh.load("train", args.sft_tasks or (24 if args.quick else 96), args.seed, n_files=args.n_files,
                     file_chars=args.file_chars)
-    path = os.path.join(out, "sft_transcripts.jsonl")
     base = EpisodeConfig(max_turns=args.max_turns, max_new_tokens=args.max_summary_tokens, max_total_tokens=20_000,
                          list_tools_in_system=False, system_prompt=SYSTEM_PROMPT, max_context_tokens=args.window)
     stats["transcripts"] = {}
@@ -208,12 +200,54 @@ def _cpt_and_sft(args, out, stats, t0) -> str:
         with open(path, "a") as f, open(tmp) as g:
             f.write(g.read())
         os.remove(tmp)
+
+
+def _cpt_and_sft(args, out, stats, t0) -> str:
+    from c2jax import special_tokens
+    from c2jax.config import load_config
+    from c2jax.data import copy_curriculum as cc
+    from c2jax.data.tokenizer import Tokenizer
+    from c2jax.train.loop import run_training
+    q = args.quick
+    start_dir = args.sft_from or args.init_from
+    if not start_dir:
+        start_dir = os.path.join(out, "cpt")
+        run_training(load_config("configs/stages/cpt.py:tiny", [f"--config.train.steps={40 if q else 150}",
+                                                                "--config.train.eval_every=0"]), start_dir)
+    stats["cpt_s"] = time.time() - t0
+    tokenizer = Tokenizer.load(start_dir)
+    path = args.sft_data or os.path.join(out, "sft_transcripts.jsonl")
+    if not args.sft_data:
+        _write_transcripts(args, tokenizer, path, stats)
     stats["transcripts_s"] = time.time() - t0
+    if args.copy_steps:
+        # The copy curriculum (c2jax.data.copy_curriculum): random-token repeats until an induction
+        # circuit forms, then the SFT data mixes in recall and repeat records so it is kept.
+        vocab = (len(special_tokens.ALL), tokenizer.vocab_size)
+        warm_data = os.path.join(out, "copy_induction.jsonl")
+        cc.write_records(warm_data, cc.induction_records(max(40_000, 16 * args.copy_steps), args.seed, *vocab))
+        warm_dir = os.path.join(out, "copy")
+        run_training(load_config("configs/stages/sft.py:tiny", [
+            f"--config.train.init_from={start_dir}", f"--config.data.sft_path={warm_data}",
+            "--config.train.seq_len=256", "--config.train.batch_size=16", f"--config.train.steps={args.copy_steps}",
+            f"--config.train.lr={args.copy_lr}", "--config.train.eval_every=0",
+            "--config.train.checkpoint_every=1000"]), warm_dir)
+        stats["copy_s"] = time.time() - t0
+        start_dir = warm_dir
+        mixed = os.path.join(out, "sft_mix.jsonl")
+        n_recall = cc.write_records(mixed, cc.recall_records(args.copy_mix[0], args.seed + 1, tokenizer))
+        with open(mixed, "a") as f, open(warm_data) as g, open(path) as h:
+            for i, line in zip(range(args.copy_mix[1]), g):
+                f.write(line)
+            f.write(h.read())
+        stats["sft_mix"] = {"recall": n_recall, "induction": args.copy_mix[1], "transcripts": path}
+        path = mixed
     sft_dir = os.path.join(out, "sft")
     run_training(load_config("configs/stages/sft.py:tiny", [
-        f"--config.train.init_from={cpt_dir}", f"--config.data.sft_path={path}",
+        f"--config.train.init_from={start_dir}", f"--config.data.sft_path={path}",
         f"--config.train.seq_len={args.window}", "--config.train.batch_size=4",
-        f"--config.train.steps={args.sft_steps or (40 if q else 160)}", "--config.train.lr=2e-3",
+        f"--config.train.steps={args.sft_steps or (40 if q else 160)}",
+        f"--config.train.lr={1e-3 if args.copy_steps else 2e-3}",
         "--config.train.eval_every=0", "--config.train.checkpoint_every=1000"]), sft_dir)
     stats["sft_s"] = time.time() - t0
     return sft_dir
@@ -264,6 +298,12 @@ def main(argv=None):
     ap.add_argument("--init-from", default=None, help="with --train: a CPT run dir to start from (skips CPT)")
     ap.add_argument("--sft-from", default=None, help="with --train: an SFT run dir (skips CPT and SFT)")
     ap.add_argument("--sft-tasks", type=int, default=0)
+    ap.add_argument("--sft-data", default=None, help="with --train: reuse this transcripts JSONL (skip writing it)")
+    ap.add_argument("--copy-steps", type=int, default=0,
+                    help="with --train: steps of the copy curriculum before SFT (0: none; c2jax.data.copy_curriculum)")
+    ap.add_argument("--copy-lr", type=float, default=2e-3)
+    ap.add_argument("--copy-mix", type=int, nargs=2, default=[2000, 6000], metavar=("RECALL", "INDUCTION"),
+                    help="with --copy-steps: records of each kind mixed into the SFT data")
     ap.add_argument("--sft-steps", type=int, default=0)
     ap.add_argument("--rl-steps", type=int, default=None)
     ap.add_argument("--max-new-tokens", type=int, default=256)

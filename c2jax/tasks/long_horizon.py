@@ -64,7 +64,8 @@ def _filler_block(rng: random.Random, used: set[str]) -> str:
     return f"# {rng.choice(_COMMENTS)}"
 
 
-def _module_source(rng: random.Random, name: str, value: int, file_chars: int) -> str:
+def module_source(rng: random.Random, name: str, value: int, file_chars: int) -> str:
+    """A settings module of ~file_chars characters of filler with one LEGACY_<NAME> = value line."""
     used: set[str] = set()
     blocks = [f'"""Settings for the {name} service."""']
     while sum(len(b) + 1 for b in blocks) < file_chars:
@@ -97,7 +98,7 @@ def generate_one(seed: int, index: int, n_files: int = 8, file_chars: int = 900)
     rng = random.Random(stable_hash("long_horizon", seed, index, n_files, file_chars))
     names = sorted(rng.sample(_MODULES, n_files))
     facts = {f"LEGACY_{n.upper()}": rng.randint(10, 999) for n in names}
-    files = {f"settings/{n}.py": _module_source(rng, n, facts[f"LEGACY_{n.upper()}"], file_chars) for n in names}
+    files = {f"settings/{n}.py": module_source(rng, n, facts[f"LEGACY_{n.upper()}"], file_chars) for n in names}
     files["settings/__init__.py"] = ""
     files["registry.py"] = REGISTRY_SRC
     prompt = (f"Each of the {n_files} modules in settings/ defines one LEGACY_* constant. Put all of them in "
