@@ -29,7 +29,8 @@ Policies:
                  4. the eight-method comparison on held-out tasks with the RL model
                --copy-steps N: before SFT, N steps on random-token repeats (an induction
                circuit), then SFT on the chains mixed with copy records (c2jax.data.copy_curriculum;
-               an ablation, see results/self_summary/README.md: it did not teach the values).
+               an ablation: this mix did not teach the values; ~800 steps of verbatim recall
+               records after the warm-up did, see results/self_summary/README.md).
                Sizes (BPE tokens of the CPT tokenizer): 5 modules x 200 chars (full episode
                ~1.9k tokens), window 1536, triggers 768 / 384, full reference 2047 (the model's
                positions). --quick: a few-minute version (fewer steps and tasks).
