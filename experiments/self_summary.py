@@ -107,11 +107,7 @@ def registry_recall(task, root: str) -> float:
     except OSError:
         return 0.0
     facts = task.metadata["facts"]
-    # `NAME = 123` lines, then dict entries 'NAME': 123 or 'NAME': NAME (a value by its constant)
-    consts = {k: int(v) for k, v in re.findall(r"^(LEGACY_[A-Z0-9_]+)\s*=\s*(-?\d+)\s*$", text, re.M)}
-    got = {}
-    for k, v in re.findall(r"['\"](LEGACY_[A-Z0-9_]+)['\"]\s*:\s*(-?\d+|LEGACY_[A-Z0-9_]+)", text):
-        got[k] = consts.get(v) if v.startswith("LEGACY_") else int(v)
+    got = {k: int(v) for k, v in re.findall(r"['\"](LEGACY_[A-Z0-9_]+)['\"]\s*:\s*(-?\d+)", text)}
     return sum(got.get(k) == v for k, v in facts.items()) / len(facts)
 
 

@@ -17,8 +17,7 @@ it got right (capped at 0.99 by Task.run_hidden_tests): partial credit RL can le
 Also here: `LongHorizonPolicy`, a deterministic scripted agent for these tasks that decides
 *only from its current context* (so what a summary keeps is what it knows): list settings/,
 read the modules one per turn, write registry.py from the LEGACY values it can see, answer.
-Asked for a self-summary (the SUMMARIZE_QUERY), it writes files / read / found (the LEGACY source
-lines verbatim) / PLAN / TODO
+Asked for a self-summary (the SUMMARIZE_QUERY), it writes files / read / found / PLAN / TODO
 lines; given a prompt-based compaction request, it acts as a generic query-focused extractive
 compactor (keeps the task, the previous summary, every call, each tool output's header and the
 output lines that name an identifier of the task prompt; lines deduplicated).
@@ -227,13 +226,9 @@ class LongHorizonPolicy:
         unread = [f for f in k["files"] if f not in k["read"]]
         if unread:
             return cf.render_assistant(calls=[{"name": "read_file", "arguments": {"path": unread[0]}}])
-        # The constants' lines as the modules spell them (a copy of tokens the model has seen), then
-        # the dict by name: literals in registry.py, nothing from settings/.
-        names = sorted(k["facts"])
+        reg = {n: k["facts"][n] for n in sorted(k["facts"])}
         content = ('"""Legacy constants, collected in one place."""\n\n'
-                   + "".join(f"{n} = {k['facts'][n]}\n" for n in names)
-                   + "\nREGISTRY = {" + ", ".join(f"{n!r}: {n}" for n in names) + "}\n\n\n"
-                   "def total():\n    return sum(REGISTRY.values())\n")
+                   f"REGISTRY = {reg!r}\n\n\ndef total():\n    return sum(REGISTRY.values())\n")
         return cf.render_assistant(calls=[{"name": "write_file", "arguments": {"path": "registry.py",
                                                                                 "content": content}}])
 
@@ -244,7 +239,7 @@ class LongHorizonPolicy:
         stem = lambda f: f[len("settings/"):-3]
         lines = [f"files in settings/: {' '.join(map(stem, k['files']))}" if k["files"] else "files: not listed yet",
                  f"read: {' '.join(map(stem, k['read']))}",
-                 "found:", *(f"{n} = {v}" for n, v in sorted(k["facts"].items()))]  # the source lines verbatim
+                 "found: " + " ".join(f"{n}={v}" for n, v in sorted(k["facts"].items()))]
         if k["written"]:
             lines.append("status: registry.py written")
         lines.append("PLAN: read each module, then write REGISTRY")
