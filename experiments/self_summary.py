@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import os
 import statistics
@@ -204,7 +205,6 @@ def _write_transcripts(args, tokenizer, path, stats) -> None:
 
 
 def _cpt_and_sft(args, out, stats, t0) -> str:
-    from c2jax import special_tokens
     from c2jax.config import load_config
     from c2jax.data import copy_curriculum as cc
     from c2jax.data.tokenizer import Tokenizer
@@ -224,9 +224,9 @@ def _cpt_and_sft(args, out, stats, t0) -> str:
     if args.copy_steps:
         # The copy curriculum (c2jax.data.copy_curriculum): random-token repeats until an induction
         # circuit forms, then the SFT data mixes in recall and repeat records so it is kept.
-        vocab = (len(special_tokens.ALL), tokenizer.vocab_size)
         warm_data = os.path.join(out, "copy_induction.jsonl")
-        cc.write_records(warm_data, cc.induction_records(max(40_000, 16 * args.copy_steps), args.seed, *vocab))
+        # ~40 records fill a 16 x 256 step: one pass over the records is ~1,000 steps
+        cc.write_records(warm_data, cc.induction_records(40_000, args.seed, *cc.copyable_token_range(tokenizer)))
         warm_dir = os.path.join(out, "copy")
         run_training(load_config("configs/stages/sft.py:tiny", [
             f"--config.train.init_from={start_dir}", f"--config.data.sft_path={warm_data}",
@@ -238,8 +238,7 @@ def _cpt_and_sft(args, out, stats, t0) -> str:
         mixed = os.path.join(out, "sft_mix.jsonl")
         n_recall = cc.write_records(mixed, cc.recall_records(args.copy_mix[0], args.seed + 1, tokenizer))
         with open(mixed, "a") as f, open(warm_data) as g, open(path) as h:
-            for i, line in zip(range(args.copy_mix[1]), g):
-                f.write(line)
+            f.writelines(itertools.islice(g, args.copy_mix[1]))
             f.write(h.read())
         stats["sft_mix"] = {"recall": n_recall, "induction": args.copy_mix[1], "transcripts": path}
         path = mixed

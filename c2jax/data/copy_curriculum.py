@@ -74,6 +74,12 @@ def write_records(path: str, records) -> int:
     return n
 
 
+def copyable_token_range(tokenizer) -> tuple[int, int]:
+    """[lo, hi) of the tokenizer's ids that are not c2jax special tokens (specials come first)."""
+    from c2jax import special_tokens
+    return len(special_tokens.ALL), tokenizer.vocab_size
+
+
 def induction_records(n: int, seed: int, vocab_lo: int, vocab_hi: int):
     """n induction records from one seeded stream."""
     rng = random.Random(seed)
@@ -103,7 +109,7 @@ def main(argv=None) -> int:
     tok = Tokenizer.load(args.tokenizer) if args.tokenizer else None
     if args.recall and tok is None:
         ap.error("--recall needs --tokenizer")
-    vocab = args.vocab_size or (tok.vocab_size if tok else None)
+    vocab = args.vocab_size or (copyable_token_range(tok)[1] if tok else None)
     if args.induction and not vocab:
         ap.error("--induction needs --vocab-size or --tokenizer")
     import itertools

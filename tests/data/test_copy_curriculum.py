@@ -43,3 +43,11 @@ def test_recall_record_answers_copy_the_modules(tmp_path):
         assert sorted(re.findall(r"LEGACY_[A-Z]+", answer)) == sorted(r["facts"])
     path = tmp_path / "r.jsonl"
     assert cc.write_records(str(path), cc.recall_records(3, 1, tok)) == 3
+
+
+def test_copyable_token_range_skips_special_tokens():
+    from c2jax import special_tokens
+    tok = train_tokenizer(["def f(x):\n    return x + 1\n" * 50], vocab_size=300)
+    lo, hi = cc.copyable_token_range(tok)
+    assert hi == tok.vocab_size and max(tok.token_id(t) for t in special_tokens.ALL) == lo - 1
+    assert all(lo <= t < hi for r in cc.induction_records(20, 0, lo, hi) for t in r["tokens"])
