@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import os
 import sys
 
@@ -33,30 +32,35 @@ def main(argv=None) -> int:
     ap.add_argument("--top", type=int, default=8, help="hardest tokens to print per record (0: none)")
     args = ap.parse_args(argv)
     import jax
+    from c2jax.data.pipeline import read_chats_jsonl
     from c2jax.data.tokenizer import Tokenizer
     from c2jax.models.transformer import forward
     from c2jax.train.loop import load_run_config, load_run_params
+    from c2jax.train.step import token_nll
     cfg = load_run_config(args.run)
     tok = Tokenizer.load(args.run)
     params = load_run_params(args.run, cfg)
-    fwd = jax.jit(lambda p, t: jax.nn.log_softmax(forward(cfg, p, t), axis=-1))
+    # nll_BL[:, t] is the loss of token t+1; rows are padded to a multiple of 256 (one compile per bucket)
+    nll_fn = jax.jit(lambda p, t: token_nll(forward(cfg, p, t[:, :-1]), t[:, 1:])[0])
+    records = [r for r in read_chats_jsonl(args.records) if isinstance(r, tuple)][:args.n]
+    if not records:
+        ap.error(f"{args.records}: no token + loss_mask records")
     by_class = collections.defaultdict(list)
-    with open(args.records) as f:
-        for _, line in zip(range(args.n), f):
-            rec = json.loads(line)
-            tokens_T = np.asarray(rec["tokens"], np.int32)
-            mask_T = np.asarray(rec["loss_mask"], bool)
-            logp_TV = np.asarray(fwd(params, tokens_T[None]))[0]
-            nll_T = -logp_TV[np.arange(len(tokens_T) - 1), tokens_T[1:]]       # nll of token t+1
-            rows = []
-            for i in np.nonzero(mask_T[1:])[0] + 1:
-                piece = tok.decode([int(tokens_T[i])])
-                by_class[token_class(piece)].append(float(nll_T[i - 1]))
-                rows.append((float(nll_T[i - 1]), tok.decode([int(t) for t in tokens_T[max(0, i - 6):i]]), piece))
-            if args.top:
-                print(f"--- {len(rows)} loss tokens; hardest:")
-                for nll, ctx, piece in sorted(rows, reverse=True)[:args.top]:
-                    print(f"  {nll:6.2f}  {ctx!r} -> {piece!r}")
+    for ids, mask in records:
+        tokens_T, mask_T = np.asarray(ids, np.int32), np.asarray(mask, bool)
+        T = len(tokens_T)
+        padded_T = np.full(-(-T // 256) * 256 + 1, tok.pad_id, np.int32)
+        padded_T[:T] = tokens_T
+        nll_T = np.asarray(nll_fn(params, padded_T[None]))[0, :T - 1]
+        rows = []
+        for i in np.nonzero(mask_T[1:])[0] + 1:
+            piece = tok.decode([int(tokens_T[i])])
+            by_class[token_class(piece)].append(float(nll_T[i - 1]))
+            rows.append((float(nll_T[i - 1]), tok.decode([int(t) for t in tokens_T[max(0, i - 6):i]]), piece))
+        if args.top:
+            print(f"--- {len(rows)} loss tokens; hardest:")
+            for nll, ctx, piece in sorted(rows, reverse=True)[:args.top]:
+                print(f"  {nll:6.2f}  {ctx!r} -> {piece!r}")
     print("\n| token class | tokens | mean nll (nats) | share > 1 nat |\n|---|---|---|---|")
     for name in ("digit", "alpha", "other"):
         v = np.asarray(by_class.get(name, []))
