@@ -108,7 +108,12 @@ def registry_recall(task, root: str) -> float:
     except OSError:
         return 0.0
     facts = task.metadata["facts"]
-    got = {k: int(v) for k, v in re.findall(r"['\"](LEGACY_[A-Z0-9_]+)['\"]\s*:\s*(-?\d+)", text)}
+    # `NAME = 123` lines gathered by lh.REGISTRY_LINE (the scripted agent's form), or dict entries
+    # 'NAME': 123 / 'NAME': NAME (a value by its constant)
+    consts = {k: int(v) for k, v in re.findall(r"^(LEGACY_[A-Z0-9_]+)\s*=\s*(-?\d+)\s*$", text, re.M)}
+    got = dict(consts) if lh.REGISTRY_LINE in text else {}
+    for k, v in re.findall(r"['\"](LEGACY_[A-Z0-9_]+)['\"]\s*:\s*(-?\d+|LEGACY_[A-Z0-9_]+)", text):
+        got[k] = consts.get(v) if v.startswith("LEGACY_") else int(v)
     return sum(got.get(k) == v for k, v in facts.items()) / len(facts)
 
 

@@ -17,7 +17,8 @@ it got right (capped at 0.99 by Task.run_hidden_tests): partial credit RL can le
 Also here: `LongHorizonPolicy`, a deterministic scripted agent for these tasks that decides
 *only from its current context* (so what a summary keeps is what it knows): list settings/,
 read the modules one per turn, write registry.py from the LEGACY values it can see, answer.
-Asked for a self-summary (the SUMMARIZE_QUERY), it writes files / read / found / PLAN / TODO
+Asked for a self-summary (the SUMMARIZE_QUERY), it writes files / read / found (the LEGACY source
+lines verbatim) / PLAN / TODO
 lines; given a prompt-based compaction request, it acts as a generic query-focused extractive
 compactor (keeps the task, the previous summary, every call, each tool output's header and the
 output lines that name an identifier of the task prompt; lines deduplicated).
@@ -34,6 +35,8 @@ import re
 from c2jax.tasks.base import NONCE_PLACEHOLDER, REPORT_MARKER, Task, plain_test_script, split_of, stable_hash
 
 TOOLS = ["read_file", "list_dir", "edit_file", "write_file"]
+# registry.py gathers its LEGACY_ lines with this one line (the scripted agent writes it verbatim)
+REGISTRY_LINE = 'REGISTRY = {k: v for k, v in globals().items() if k.startswith("LEGACY_")}'
 _MODULES = ("alpha", "beacon", "cobalt", "delta", "ember", "falcon", "garnet", "harbor", "indigo", "juniper",
             "kestrel", "lumen", "marble", "nectar", "onyx", "pepper", "quartz", "raven", "saffron", "tundra",
             "umber", "vortex", "willow", "xenon", "yarrow", "zephyr")
@@ -226,9 +229,13 @@ class LongHorizonPolicy:
         unread = [f for f in k["files"] if f not in k["read"]]
         if unread:
             return cf.render_assistant(calls=[{"name": "read_file", "arguments": {"path": unread[0]}}])
-        reg = {n: k["facts"][n] for n in sorted(k["facts"])}
+        # The constants' lines as the modules spell them (a copy of tokens the model has seen), then
+        # one fixed line that gathers them: literals in registry.py, nothing from settings/, and a
+        # write_file call that grows by one short line per constant (a dict by name outgrew the
+        # tiny setting's 256 new tokens).
         content = ('"""Legacy constants, collected in one place."""\n\n'
-                   f"REGISTRY = {reg!r}\n\n\ndef total():\n    return sum(REGISTRY.values())\n")
+                   + "".join(f"{n} = {k['facts'][n]}\n" for n in sorted(k["facts"]))
+                   + "\n" + REGISTRY_LINE + "\n\n\ndef total():\n    return sum(REGISTRY.values())\n")
         return cf.render_assistant(calls=[{"name": "write_file", "arguments": {"path": "registry.py",
                                                                                 "content": content}}])
 
@@ -239,7 +246,7 @@ class LongHorizonPolicy:
         stem = lambda f: f[len("settings/"):-3]
         lines = [f"files in settings/: {' '.join(map(stem, k['files']))}" if k["files"] else "files: not listed yet",
                  f"read: {' '.join(map(stem, k['read']))}",
-                 "found: " + " ".join(f"{n}={v}" for n, v in sorted(k["facts"].items()))]
+                 "found:", *(f"{n} = {v}" for n, v in sorted(k["facts"].items()))]  # the source lines verbatim
         if k["written"]:
             lines.append("status: registry.py written")
         lines.append("PLAN: read each module, then write REGISTRY")

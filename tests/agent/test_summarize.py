@@ -172,7 +172,7 @@ def test_scripted_self_summary_solves_task_needing_pre_summary_information(sandb
     first = task.metadata["modules"][0]
     name, value = next(iter(task.metadata["facts"].items()))
     final_text = TOK.decode(res.trajectory.tokens_T)
-    assert first + " (lines" not in final_text and f"{name}={value}" in final_text
+    assert first + " (lines" not in final_text and f"{name} = {value}" in final_text
     # every summary is a model-token span of the segment it closes
     for seg in res.segments[:-1]:
         assert seg.finish_reason == "summarized"
