@@ -28,9 +28,10 @@ Policies:
                  3. RL (c2jax.rl.loop.run_rl) with rl.summary_method="self" at the small trigger
                  4. the eight-method comparison on held-out tasks with the RL model
                --copy-steps N: before SFT, N steps on random-token repeats (an induction
-               circuit), then SFT on the chains mixed with copy records (c2jax.data.copy_curriculum;
-               an ablation: this mix did not teach the values; ~800 steps of verbatim recall
-               records after the warm-up did, see results/self_summary/README.md).
+               circuit; c2jax.data.copy_curriculum). --recall-steps N: then N steps on verbatim
+               recall records (copying by name). --copy-mix R I: mix R verbatim recall and
+               I induction records into the SFT data so the copying skill is kept. See
+               results/self_summary/README.md for what each did.
                Sizes (BPE tokens of the CPT tokenizer): 5 modules x 200 chars (full episode
                ~1.9k tokens), window 1536, triggers 768 / 384, full reference 2047 (the model's
                positions). --quick: a few-minute version (fewer steps and tasks).
@@ -174,13 +175,14 @@ SYSTEM_PROMPT = "You are a coding agent. Use the tools; answer briefly when done
 
 
 def train_pipeline(args) -> dict:
-    """CPT (or --init-from / --sft-from) -> copy curriculum (--copy-steps) -> SFT on scripted
-    self-summarizing transcripts (skipped for a bare --sft-from) -> RL with rl.summary_method="self".
+    """CPT (or --init-from) -> copy curriculum (--copy-steps, --recall-steps) -> SFT on scripted
+    self-summarizing transcripts (--copy-mix adds copy records) -> RL with rl.summary_method="self";
+    --sft-from skips to RL.
     Returns {"sft": dir, "rl": dir or None, "stats": {...}}."""
     out = args.workdir
     os.makedirs(out, exist_ok=True)
     stats, t0 = {}, time.time()
-    sft_dir = args.sft_from if args.sft_from and not args.copy_steps else _cpt_and_sft(args, out, stats, t0)
+    sft_dir = args.sft_from or _cpt_and_sft(args, out, stats, t0)
     stats["sft_dir"] = sft_dir
     rl_dir = _rl(args, out, sft_dir, stats, t0)
     stats["train_s"] = time.time() - t0
@@ -215,44 +217,65 @@ def _cpt_and_sft(args, out, stats, t0) -> str:
     from c2jax.data.tokenizer import Tokenizer
     from c2jax.train.loop import run_training
     q = args.quick
-    start_dir = args.sft_from or args.init_from
+    start_dir = args.init_from  # a CPT run, or any run to continue from (e.g. a copy-curriculum run)
     if not start_dir:
         start_dir = os.path.join(out, "cpt")
         run_training(load_config("configs/stages/cpt.py:tiny", [f"--config.train.steps={40 if q else 150}",
                                                                 "--config.train.eval_every=0"]), start_dir)
     stats["cpt_s"] = time.time() - t0
     tokenizer = Tokenizer.load(start_dir)
-    path = args.sft_data or os.path.join(out, "sft_transcripts.jsonl")
+    path = transcripts = args.sft_data or os.path.join(out, "sft_transcripts.jsonl")
     if not args.sft_data:
         _write_transcripts(args, tokenizer, path, stats)
     stats["transcripts_s"] = time.time() - t0
-    if args.copy_steps:
-        # The copy curriculum (c2jax.data.copy_curriculum): random-token repeats until an induction
-        # circuit forms, then the SFT data mixes in recall and repeat records so it is kept.
-        warm_data = os.path.join(out, "copy_induction.jsonl")
+    n_recall, n_induction = args.copy_mix
+    if args.copy_steps or n_induction:
         # ~40 records fill a 16 x 256 step: one pass over the records is ~1,000 steps
-        cc.write_records(warm_data, cc.induction_records(40_000, args.seed, *cc.copyable_token_range(tokenizer)))
+        induction = os.path.join(out, "copy_induction.jsonl")
+        cc.write_records(induction, cc.induction_records(max(40_000, n_induction), args.seed,
+                                                         *cc.copyable_token_range(tokenizer)))
+    if args.copy_steps:
+        # The copy curriculum's warm-up (c2jax.data.copy_curriculum): random-token repeats until an
+        # induction circuit forms.
         warm_dir = os.path.join(out, "copy")
         run_training(load_config("configs/stages/sft.py:tiny", [
-            f"--config.train.init_from={start_dir}", f"--config.data.sft_path={warm_data}",
+            f"--config.train.init_from={start_dir}", f"--config.data.sft_path={induction}",
             "--config.train.seq_len=256", "--config.train.batch_size=16", f"--config.train.steps={args.copy_steps}",
             f"--config.train.lr={args.copy_lr}", "--config.train.eval_every=0",
             "--config.train.checkpoint_every=1000"]), warm_dir)
         stats["copy_s"] = time.time() - t0
         start_dir = warm_dir
+    if args.recall_steps:
+        # Verbatim recall records (module sources, then their `LEGACY_X = v` lines again): where
+        # copying by name formed (results README, "Sixth session"); ~12 records fill a 4 x 1024 step.
+        recall = os.path.join(out, "copy_recall.jsonl")
+        cc.write_records(recall, cc.recall_records(12 * args.recall_steps, args.seed + 2, tokenizer, verbatim=True))
+        recall_dir = os.path.join(out, "recall")
+        run_training(load_config("configs/stages/sft.py:tiny", [
+            f"--config.train.init_from={start_dir}", f"--config.data.sft_path={recall}",
+            "--config.train.seq_len=1024", "--config.train.batch_size=4", f"--config.train.steps={args.recall_steps}",
+            "--config.train.lr=1e-3", "--config.train.eval_every=0", "--config.train.checkpoint_every=1000"]),
+            recall_dir)
+        stats["recall_s"] = time.time() - t0
+        start_dir = recall_dir
+    if n_recall or n_induction:
+        # Copy records mixed into the chains so SFT keeps the copying skill: verbatim recall records
+        # (the chains' `LEGACY_X = v` lines) and random-token repeats.
         mixed = os.path.join(out, "sft_mix.jsonl")
-        n_recall = cc.write_records(mixed, cc.recall_records(args.copy_mix[0], args.seed + 1, tokenizer))
-        with open(mixed, "a") as f, open(warm_data) as g, open(path) as h:
-            f.writelines(itertools.islice(g, args.copy_mix[1]))
+        cc.write_records(mixed, cc.recall_records(n_recall, args.seed + 1, tokenizer, verbatim=True))
+        with open(mixed, "a") as f, open(path) as h:
+            if n_induction:
+                with open(induction) as g:
+                    f.writelines(itertools.islice(g, n_induction))
             f.write(h.read())
-        stats["sft_mix"] = {"recall": n_recall, "induction": args.copy_mix[1], "transcripts": path}
+        stats["sft_mix"] = {"recall": n_recall, "induction": n_induction, "transcripts": path}
         path = mixed
     sft_dir = os.path.join(out, "sft")
     run_training(load_config("configs/stages/sft.py:tiny", [
         f"--config.train.init_from={start_dir}", f"--config.data.sft_path={path}",
         f"--config.train.seq_len={args.window}", "--config.train.batch_size=4",
         f"--config.train.steps={args.sft_steps or (40 if q else 160)}",
-        f"--config.train.lr={1e-3 if args.copy_steps else 2e-3}",
+        f"--config.train.lr={args.sft_lr or (1e-3 if path != transcripts else 2e-3)}",
         "--config.train.eval_every=0", "--config.train.checkpoint_every=1000"]), sft_dir)
     stats["sft_s"] = time.time() - t0
     return sft_dir
@@ -307,8 +330,11 @@ def main(argv=None):
     ap.add_argument("--copy-steps", type=int, default=0,
                     help="with --train: steps of the copy curriculum before SFT (0: none; c2jax.data.copy_curriculum)")
     ap.add_argument("--copy-lr", type=float, default=2e-3)
-    ap.add_argument("--copy-mix", type=int, nargs=2, default=[2000, 6000], metavar=("RECALL", "INDUCTION"),
-                    help="with --copy-steps: records of each kind mixed into the SFT data")
+    ap.add_argument("--recall-steps", type=int, default=0,
+                    help="with --train: steps on verbatim recall records after the warm-up, before SFT")
+    ap.add_argument("--copy-mix", type=int, nargs=2, default=[0, 0], metavar=("RECALL", "INDUCTION"),
+                    help="with --train: verbatim recall and induction records mixed into the SFT data")
+    ap.add_argument("--sft-lr", type=float, default=0.0, help="with --train: SFT lr (0: 1e-3 with a mix, else 2e-3)")
     ap.add_argument("--sft-steps", type=int, default=0)
     ap.add_argument("--rl-steps", type=int, default=None)
     ap.add_argument("--max-new-tokens", type=int, default=256)
