@@ -85,7 +85,7 @@ def build_batch(trajs, advantages_B, length_bucket: int = 64, weights_B=None, nu
     """
     n_seq = len(trajs)
     B = n_seq if n_seq <= row_bucket else -(-n_seq // row_bucket) * row_bucket
-    if row_multiple > 1 and B > row_multiple:
+    if row_multiple > 1 and B > row_multiple:  # noqa: SIM300 (B is a row count)
         B = -(-B // row_multiple) * row_multiple
     advantages_B = np.pad(np.asarray(advantages_B, np.float32), (0, B - n_seq))
     if weights_B is not None:
@@ -150,7 +150,7 @@ def _from_micro(x):
 
 def num_micro_batches(B: int, micro_batch_rows: int) -> int:
     """Micro-batches of a B-row batch (1 when rl.micro_batch_rows is 0 or >= B)."""
-    if not micro_batch_rows or B <= micro_batch_rows:
+    if not micro_batch_rows or B <= micro_batch_rows:  # noqa: SIM300 (B is a row count)
         return 1
     if B % micro_batch_rows:
         raise ValueError(f"learner batch of {B} rows is not a multiple of rl.micro_batch_rows={micro_batch_rows}")

@@ -145,7 +145,7 @@ def reinit_(model: torch.nn.Module, gen: torch.Generator) -> None:
     scores still matter: roughly half of the tokens change their expert set).
     """
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for _name, p in model.named_parameters():
             if p.ndim >= 2:
                 p.copy_(torch.randn(p.shape, generator=gen) * INIT_STD)
             else:  # RMSNorm weights
@@ -159,7 +159,7 @@ def routing_bias_effect(model, input_ids) -> dict:
     """Fraction of (token, layer) whose chosen expert set changes when the bias is zeroed."""
     gates = [m for n, m in model.named_modules() if type(m).__name__ == "DeepseekV3TopkRouter"]
     captured = {}
-    hooks = [g.register_forward_hook(lambda m, i, o, k=id(g): captured.__setitem__(k, (i[0].detach(), o[2]))) for g in gates]
+    hooks = [g.register_forward_hook(lambda m, i, o, k=id(g): captured.__setitem__(k, (i[0].detach(), o[2]))) for g in gates]  # noqa: B008 (binds each gate's id)
     with torch.no_grad():
         model(input_ids)
     for h in hooks:
