@@ -36,8 +36,8 @@ Policies:
                ~1.9k tokens), window 1536, triggers 768 / 384, full reference 2047 (the model's
                positions). --quick: a few-minute version (fewer steps and tasks).
 
-Metrics add "value recall": the fraction of LEGACY values right in the final registry.py
-(partial credit; 1.0 when an episode passes).
+Metrics add "value recall": the fraction of LEGACY values right in the final registry.py, from the
+hidden test's per-constant report (the verifier's partial credit, uncapped; 1.0 when an episode passes).
 
 Run: JAX_PLATFORMS=cpu python experiments/self_summary.py [--n-tasks 20] [--triggers 4096 2048]
      [--window 8192] [--model-run runs/demo/sft | --train [--quick]] [--out DIR]
@@ -76,17 +76,12 @@ def run_method(tasks, policy_factory, tokenizer, sandbox, base: EpisodeConfig, m
     cfg = sm.summary_episode_config(dataclasses.replace(base, max_context_tokens=window),
                                     sm.SummaryConfig(method, trigger_tokens=trigger or 1, max_summaries=max_summaries,
                                                      max_summary_tokens=max_summary_tokens))
-    cfg = dataclasses.replace(cfg, keep_workspace=True)
     rows = []
     for task in tasks:
         meter = sm.PrefillMeter(policy_factory(task), slots=2)
         t0 = time.monotonic()
         res = run_episode(task, meter, tokenizer, sandbox, cfg)
-        try:
-            recall = registry_recall(task, res.workspace.path) if res.workspace is not None else 0.0
-        finally:
-            if res.workspace is not None:
-                res.workspace.cleanup()
+        recall = value_recall(res.grade)
         s = res.stats
         rows.append({"task_id": task.task_id, "passed": bool(res.grade and res.grade.passed), "recall": recall,
                      "finish_reason": s["finish_reason"], "turns": s["turns"], "segments": len(res.segments),
@@ -99,23 +94,15 @@ def run_method(tasks, policy_factory, tokenizer, sandbox, base: EpisodeConfig, m
     return rows
 
 
-def registry_recall(task, root: str) -> float:
-    """Fraction of the task's LEGACY constants whose value appears right in the final registry.py
-    (partial credit for a weak model; 1.0 when the task passes)."""
-    import re
-    try:
-        with open(os.path.join(root, "registry.py")) as f:
-            text = f.read()
-    except OSError:
+def value_recall(grade) -> float:
+    """Fraction of the task's LEGACY constants the hidden test found right in registry.py (its
+    per-constant report; 1.0 when the episode passes, 0.0 without a grade)."""
+    if grade is None:
         return 0.0
-    facts = task.metadata["facts"]
-    # `NAME = 123` lines gathered by lh.REGISTRY_LINE (the scripted agent's form), or dict entries
-    # 'NAME': 123 / 'NAME': NAME (a value by its constant)
-    consts = {k: int(v) for k, v in re.findall(r"^(LEGACY_[A-Z0-9_]+)\s*=\s*(-?\d+)\s*$", text, re.M)}
-    got = dict(consts) if lh.REGISTRY_LINE in text else {}
-    for k, v in re.findall(r"['\"](LEGACY_[A-Z0-9_]+)['\"]\s*:\s*(-?\d+|LEGACY_[A-Z0-9_]+)", text):
-        got[k] = consts.get(v) if v.startswith("LEGACY_") else int(v)
-    return sum(got.get(k) == v for k, v in facts.items()) / len(facts)
+    if grade.passed:
+        return 1.0
+    tests = grade.details.get("tests") or {}
+    return sum(v == "pass" for v in tests.values()) / len(tests) if tests else 0.0
 
 
 def aggregate(rows: list[dict]) -> dict:
@@ -230,10 +217,10 @@ def _cpt_and_sft(args, out, stats, t0) -> str:
     stats["transcripts_s"] = time.time() - t0
     n_recall, n_induction = args.copy_mix
     if args.copy_steps or n_induction:
-        # ~40 records fill a 16 x 256 step: one pass over the records is ~1,000 steps
+        # the warm-up's ~40 records fill a 16 x 256 step: one pass over 40,000 is ~1,000 steps
         induction = os.path.join(out, "copy_induction.jsonl")
-        cc.write_records(induction, cc.induction_records(max(40_000, n_induction), args.seed,
-                                                         *cc.copyable_token_range(tokenizer)))
+        n = max(40_000, n_induction) if args.copy_steps else n_induction
+        cc.write_records(induction, cc.induction_records(n, args.seed, *cc.copyable_token_range(tokenizer)))
     if args.copy_steps:
         # The copy curriculum's warm-up (c2jax.data.copy_curriculum): random-token repeats until an
         # induction circuit forms.
