@@ -16,7 +16,8 @@ it got right (capped at 0.99 by Task.run_hidden_tests): partial credit RL can le
 
 Also here: `LongHorizonPolicy`, a deterministic scripted agent for these tasks that decides
 *only from its current context* (so what a summary keeps is what it knows): list settings/,
-read the modules one per turn, write registry.py from the LEGACY values it can see, answer.
+read the modules one per turn in listing order (each turn's think line says what is left:
+`left: beacon cobalt`), write registry.py from the LEGACY values it can see, answer.
 Asked for a self-summary (the SUMMARIZE_QUERY), it writes files / read / found (the LEGACY source
 lines verbatim) / PLAN / TODO
 lines; given a prompt-based compaction request, it acts as a generic query-focused extractive
@@ -171,6 +172,11 @@ def _tool_blocks(text: str):
     return out
 
 
+def _stem(path: str) -> str:
+    """settings/alpha.py -> alpha"""
+    return path[len("settings/"):-3]
+
+
 class LongHorizonPolicy:
     """Scripted agent for long_horizon tasks; knows only what its current context shows.
 
@@ -227,8 +233,12 @@ class LongHorizonPolicy:
         if not k["files"]:
             return cf.render_assistant(calls=[{"name": "list_dir", "arguments": {"path": "settings"}}])
         unread = [f for f in k["files"] if f not in k["read"]]
+        # The think line names what is left to read, in listing order: the next file is its first
+        # word and each turn's line is the previous one minus that word (or the summary's TODO
+        # line), so choosing the next file is a copy rather than a set difference.
+        left = f"left: {' '.join(_stem(f) for f in unread) or 'none'}"
         if unread:
-            return cf.render_assistant(calls=[{"name": "read_file", "arguments": {"path": unread[0]}}])
+            return cf.render_assistant(calls=[{"name": "read_file", "arguments": {"path": unread[0]}}], thinking=left)
         # The constants' lines as the modules spell them (a copy of tokens the model has seen), then
         # one fixed line that gathers them: literals in registry.py, nothing from settings/, and a
         # write_file call that grows by one short line per constant (a dict by name outgrew the
@@ -237,13 +247,14 @@ class LongHorizonPolicy:
                    + "".join(f"{n} = {k['facts'][n]}\n" for n in sorted(k["facts"]))
                    + "\n" + REGISTRY_LINE + "\n\n\ndef total():\n    return sum(REGISTRY.values())\n")
         return cf.render_assistant(calls=[{"name": "write_file", "arguments": {"path": "registry.py",
-                                                                                "content": content}}])
+                                                                                "content": content}}],
+                                   thinking=left)
 
     def self_summary(self, text: str) -> str:
         from c2jax import special_tokens as st
         k = self.knowledge(text)
         unread = [f for f in k["files"] if f not in k["read"]]
-        stem = lambda f: f[len("settings/"):-3]
+        stem = _stem
         lines = [f"files in settings/: {' '.join(map(stem, k['files']))}" if k["files"] else "files: not listed yet",
                  f"read: {' '.join(map(stem, k['read']))}",
                  "found:", *(f"{n} = {v}" for n, v in sorted(k["facts"].items()))]  # the source lines verbatim
