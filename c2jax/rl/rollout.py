@@ -21,6 +21,7 @@ import numpy as np
 
 from c2jax.rl.rewards import compute_reward
 from c2jax.sampling import Request, Sampler
+from c2jax.sampling.api import turn_request
 from c2jax.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
@@ -172,15 +173,11 @@ class EpisodeSampler:
         return self.service.version
 
     def __call__(self, context, max_new_tokens, stop_token_ids=None, temperature=None, **_):
-        context = [int(t) for t in context]
-        room = self.service.S - 1 - len(context)
-        if room < 1:
-            raise ValueError(f"context of {len(context)} tokens leaves no room in max_len={self.service.S}")
         rid = stable_rid(f"{self.key}/{self.turn}")
         self.turn += 1
-        req = Request(context, max_new_tokens=min(int(max_new_tokens), room), n=1,
-                      temperature=self.temperature if temperature is None else temperature,
-                      stop_token_ids=tuple(stop_token_ids or ()), seed=self.seed, request_id=rid, reuse_prefix=True)
+        req = turn_request(context, max_new_tokens, self.service.S,
+                           temperature=self.temperature if temperature is None else temperature,
+                           stop_token_ids=tuple(stop_token_ids or ()), seed=self.seed, request_id=rid)
         (c,) = self.service.submit(req).result()
         return c.tokens, c.logprobs.tolist(), c.versions.tolist(), c.completion_expert_ids
 

@@ -69,6 +69,16 @@ def _round_up(x: int, k: int) -> int:
     return -(-x // k) * k
 
 
+def turn_request(context_token_ids, max_new_tokens: int, max_len: int, **kw) -> Request:
+    """One harness turn's Request (n=1, reusing any cached prefix): the context as ints and
+    max_new_tokens capped by the room left in max_len; ValueError when there is none."""
+    context = [int(t) for t in context_token_ids]
+    room = max_len - 1 - len(context)
+    if room < 1:
+        raise ValueError(f"context of {len(context)} tokens leaves no room in max_len={max_len}")
+    return Request(context, max_new_tokens=min(int(max_new_tokens), room), n=1, reuse_prefix=True, **kw)
+
+
 class HarnessSampler:
     """The agent harness's model callable:
 
@@ -107,15 +117,11 @@ class HarnessSampler:
                      ("top_k", top_k)):
             if v is not None:
                 kw[k] = tuple(v) if k == "stop_token_ids" else v
-        context = [int(t) for t in context_token_ids]
         if max_new_tokens <= 0:
             return [], [], [], None
-        room = self.sampler.S - 1 - len(context)
-        if room < 1:
-            raise ValueError(f"context of {len(context)} tokens leaves no room in max_len={self.sampler.S}")
+        req = turn_request(context_token_ids, max_new_tokens, self.sampler.S, seed=self.seed, **kw)
         with self._lock:
-            rid = self.sampler.submit(Request(context, max_new_tokens=min(max_new_tokens, room), n=1,
-                                              seed=self.seed, reuse_prefix=True, **kw))
+            rid = self.sampler.submit(req)
             self.sampler.run_until_done(rid)
             (c,) = self.sampler.results(rid)
         self.last = c
