@@ -2,7 +2,6 @@
 format) -> RL -> evaluation on held-out tasks, plus helpers the CLI's `eval` command uses."""
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -13,6 +12,7 @@ from c2jax.agent.policy import OraclePolicy, SamplerPolicy, TextPolicy
 from c2jax.agent.runner import EpisodeConfig, run_episodes
 from c2jax.agent.sandbox import Sandbox
 from c2jax.config import load_config
+from c2jax.data.pipeline import token_record
 from c2jax.data.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -77,9 +77,7 @@ def write_oracle_transcripts(tokenizer, out_path: str, suites=("synthetic:1",), 
             if len(traj.tokens_T) > max_tokens:
                 too_long += 1
                 continue
-            f.write(json.dumps({"tokens": traj.tokens_T.tolist(),
-                                "loss_mask": traj.loss_mask_T.astype(int).tolist(),
-                                "task_id": traj.task_id}) + "\n")
+            f.write(token_record(traj.tokens_T, traj.loss_mask_T, task_id=traj.task_id))
             kept += 1
     return {"tasks": len(results), "kept": kept, "failed": failed, "too_long": too_long}
 

@@ -265,10 +265,10 @@ def write_chain_transcripts(tasks, policy_factory, tokenizer, out_path: str, con
     summary_episode_config) and write the passing episodes as SFT data: one JSONL record per
     segment {"tokens", "loss_mask", "task_id", "chain_index", "chain_length"}, the harness token
     format of c2jax.pipeline.write_oracle_transcripts (summaries are model tokens)."""
-    import json
     import os
 
     from c2jax.agent.runner import run_episodes
+    from c2jax.data.pipeline import token_record
     results = run_episodes(list(tasks), policy_factory, tokenizer, sandbox, config, concurrency=concurrency)
     out = {"tasks": len(results), "kept": 0, "failed": 0, "segments": 0, "summaries": 0, "max_segment_tokens": 0}
     os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
@@ -280,8 +280,8 @@ def write_chain_transcripts(tasks, policy_factory, tokenizer, out_path: str, con
             out["kept"] += 1
             out["summaries"] += int(r.stats.get("summaries", 0))
             for k, seg in enumerate(r.segments):
-                f.write(json.dumps({"tokens": seg.tokens_T.tolist(), "loss_mask": seg.loss_mask_T.astype(int).tolist(),
-                                    "task_id": seg.task_id, "chain_index": k, "chain_length": len(r.segments)}) + "\n")
+                f.write(token_record(seg.tokens_T, seg.loss_mask_T, task_id=seg.task_id, chain_index=k,
+                                     chain_length=len(r.segments)))
                 out["segments"] += 1
                 out["max_segment_tokens"] = max(out["max_segment_tokens"], len(seg.tokens_T))
     return out

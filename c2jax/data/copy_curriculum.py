@@ -15,7 +15,6 @@ in a sharp phase change after ~1-2k steps; recall records then bind it to the ta
 """
 from __future__ import annotations
 
-import json
 import random
 
 _CONSONANTS, _VOWELS = "bcdfghklmnprstvz", "aeiou"
@@ -65,11 +64,11 @@ def recall_record(rng: random.Random, tokenizer, min_files: int = 2, max_files: 
 
 def write_records(path: str, records) -> int:
     """Write records as JSONL (only tokens and loss_mask); returns the count."""
+    from c2jax.data.pipeline import token_record
     n = 0
     with open(path, "w") as f:
         for r in records:
-            f.write(json.dumps({"tokens": [int(t) for t in r["tokens"]],
-                                "loss_mask": [int(m) for m in r["loss_mask"]]}) + "\n")
+            f.write(token_record(r["tokens"], r["loss_mask"]))
             n += 1
     return n
 

@@ -394,6 +394,15 @@ class SFTRows:
         return row
 
 
+def token_record(tokens, loss_mask, **extra) -> str:
+    """One pre-tokenized SFT JSONL line as read_chats_jsonl reads it: {"tokens", "loss_mask"} (ints)
+    plus any extra JSON fields (ignored by the reader), newline-terminated."""
+    ids, mask = [int(t) for t in tokens], [int(bool(m)) for m in loss_mask]
+    if len(ids) != len(mask):
+        raise ValueError(f"tokens ({len(ids)}) and loss_mask ({len(mask)}) differ in length")
+    return json.dumps({"tokens": ids, "loss_mask": mask, **extra}) + "\n"
+
+
 def read_chats_jsonl(path: str) -> list:
     """Chats (lists of messages) or pre-tokenized (ids, mask) tuples, one per JSONL line."""
     chats = []

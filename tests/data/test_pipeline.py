@@ -238,3 +238,16 @@ def test_reader_threads_do_not_change_the_stream(setup, tiny_tokenizer):
                                    corpus=corpus, shard_index=0, shard_count=1)
         outs.append(np.stack([next(it)["targets"] for _ in range(8)]))
     np.testing.assert_array_equal(outs[0], outs[1])
+
+
+def test_token_record_round_trips_through_the_sft_reader(tmp_path):
+    rng = np.random.default_rng(7)
+    recs = [(rng.integers(0, 500, n).tolist(), (rng.random(n) < 0.5).tolist()) for n in (5, 9, 13)]
+    path = tmp_path / "recs.jsonl"
+    with open(path, "w") as f:
+        for i, (ids, mask) in enumerate(recs):
+            f.write(P.token_record(np.asarray(ids), np.asarray(mask), task_id=f"t{i}"))
+    assert P.read_chats_jsonl(str(path)) == [(ids, [int(m) for m in mask]) for ids, mask in recs]
+    assert json.loads(path.read_text().splitlines()[1])["task_id"] == "t1"
+    with pytest.raises(ValueError, match="differ in length"):
+        P.token_record([1, 2, 3], [1, 0])
