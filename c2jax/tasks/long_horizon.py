@@ -16,11 +16,11 @@ it got right (capped at 0.99 by Task.run_hidden_tests): partial credit RL can le
 
 Also here: `LongHorizonPolicy`, a deterministic scripted agent for these tasks that decides
 *only from its current context* (so what a summary keeps is what it knows): list settings/,
-read the modules one per turn in listing order (each turn's think line says what is left:
-`left: beacon cobalt`), write registry.py from the LEGACY values it can see, answer.
-Asked for a self-summary (the SUMMARIZE_QUERY), it writes files / read / found (the LEGACY source
-lines verbatim) / PLAN / TODO
-lines; given a prompt-based compaction request, it acts as a generic query-focused extractive
+read the modules one per turn in listing order (each turn's think names the file and the plan
+after it, one name per line as the listing spells them: `next:\nbeacon.py\nthen:\ncobalt.py\n
+registry.py`), write registry.py from the LEGACY values it can see, answer.
+Asked for a self-summary (the SUMMARIZE_QUERY), it writes read / found (the LEGACY source
+lines verbatim) / then (the plan) / PLAN / TODO lines; given a prompt-based compaction request, it acts as a generic query-focused extractive
 compactor (keeps the task, the previous summary, every call, each tool output's header and the
 output lines that name an identifier of the task prompt; lines deduplicated).
 
@@ -156,6 +156,8 @@ _register()
 _FACT_RE = re.compile(r"\b(LEGACY_[A-Z0-9_]+) ?= ?(-?\d+)")
 _SPECIAL_RE = re.compile(r"<\|/?[a-z_]+\|>")
 _READ_HEAD_RE = re.compile(r"^(settings/[A-Za-z0-9_]+\.py) \((?:lines \d+-\d+ of \d+|empty)\)", re.M)
+# "read:" / "then:" followed by one file name per line (the agent's own plan and summaries)
+_LIST_RE = re.compile(r"(?:^|(?<=>))(read|then):\n((?:[A-Za-z0-9_]+\.py(?:\n|$|(?=<)))+)", re.M)
 
 
 def _tool_blocks(text: str):
@@ -172,9 +174,9 @@ def _tool_blocks(text: str):
     return out
 
 
-def _stem(path: str) -> str:
-    """settings/alpha.py -> alpha"""
-    return path[len("settings/"):-3]
+def _base(path: str) -> str:
+    """settings/alpha.py -> alpha.py"""
+    return path[len("settings/"):]
 
 
 class LongHorizonPolicy:
@@ -203,17 +205,18 @@ class LongHorizonPolicy:
                 written = True
         for line in re.split(r"\n|" + _SPECIAL_RE.pattern, text):   # summary / carried-state lines
             s = line.strip().lstrip("-* ").strip()
-            if s.startswith("files in settings/:"):
-                files |= {f"settings/{w}.py" for w in s[len("files in settings/:"):].split()}
-            elif s.startswith("list_dir (ok):"):
+            if s.startswith("list_dir (ok):"):
                 files |= {f"settings/{n.strip()}" for n in s[len("list_dir (ok):"):].split("|")
                           if n.strip().endswith(".py") and n.strip() != "__init__.py"}
-            elif s.startswith("read:"):
-                read |= {f"settings/{w}.py" for w in s[len("read:"):].split()}
             elif s.startswith("called read_file"):
                 read |= set(re.findall(r"settings/[A-Za-z0-9_]+\.py", s))
             elif s.startswith("status: registry.py written") or "(ok): wrote registry.py" in s:
                 written = True
+        for head, body in _LIST_RE.findall(text):   # the agent's own read: / then: lists
+            names = {f"settings/{n}" for n in body.split() if n != "__init__.py"}
+            files |= names - {"settings/registry.py"}
+            if head == "read":
+                read |= names
         facts = dict(_FACT_RE.findall(text))
         return {"files": sorted(files), "read": sorted(read & files) if files else sorted(read),
                 "facts": {k: int(v) for k, v in facts.items()}, "written": written}
@@ -233,12 +236,14 @@ class LongHorizonPolicy:
         if not k["files"]:
             return cf.render_assistant(calls=[{"name": "list_dir", "arguments": {"path": "settings"}}])
         unread = [f for f in k["files"] if f not in k["read"]]
-        # The think line names what is left to read, in listing order: the next file is its first
-        # word and each turn's line is the previous one minus that word (or the summary's TODO
-        # line), so choosing the next file is a copy rather than a set difference.
-        left = f"left: {' '.join(_stem(f) for f in unread) or 'none'}"
+        # The think names this turn's file and the plan after it, one file name per line as the
+        # listing spells them (same tokens): this turn's file is the first line after the last
+        # "then:", and the new "then:" lines are the old ones after it, so each choice is a copy.
+        plan = [_base(f) for f in unread] + ["registry.py"]
+        think = f"next:\n{plan[0]}\nthen:\n" + ("\n".join(plan[1:]) or "done")
         if unread:
-            return cf.render_assistant(calls=[{"name": "read_file", "arguments": {"path": unread[0]}}], thinking=left)
+            return cf.render_assistant(calls=[{"name": "read_file", "arguments": {"path": unread[0]}}],
+                                       thinking=think)
         # The constants' lines as the modules spell them (a copy of tokens the model has seen), then
         # one fixed line that gathers them: literals in registry.py, nothing from settings/, and a
         # write_file call that grows by one short line per constant (a dict by name outgrew the
@@ -248,21 +253,23 @@ class LongHorizonPolicy:
                    + "\n" + REGISTRY_LINE + "\n\n\ndef total():\n    return sum(REGISTRY.values())\n")
         return cf.render_assistant(calls=[{"name": "write_file", "arguments": {"path": "registry.py",
                                                                                 "content": content}}],
-                                   thinking=left)
+                                   thinking=think)
 
     def self_summary(self, text: str) -> str:
         from c2jax import special_tokens as st
         k = self.knowledge(text)
         unread = [f for f in k["files"] if f not in k["read"]]
-        stem = _stem
-        lines = [f"files in settings/: {' '.join(map(stem, k['files']))}" if k["files"] else "files: not listed yet",
-                 f"read: {' '.join(map(stem, k['read']))}",
-                 "found:", *(f"{n} = {v}" for n, v in sorted(k["facts"].items()))]  # the source lines verbatim
+        # file names one per line as the listing spells them; "then:" is the plan from here on
+        plan = ([] if k["written"] else [_base(f) for f in unread] + ["registry.py"]) if k["files"] else []
+        lines = (["read:", *map(_base, k["read"])] if k["files"] else ["files: not listed yet"])
+        lines += ["found:", *(f"{n} = {v}" for n, v in sorted(k["facts"].items()))]  # the source lines verbatim
         if k["written"]:
             lines.append("status: registry.py written")
+        if plan:
+            lines += ["then:", *plan]
         lines.append("PLAN: read each module, then write REGISTRY")
         if unread:
-            lines.append(f"TODO: read {' '.join(map(stem, unread))}")
+            lines.append("TODO: read the modules under then:")
         if not k["written"]:
             lines.append("TODO: write registry.py")
         think = "Keep files, what I read, the LEGACY values."

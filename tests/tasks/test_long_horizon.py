@@ -57,3 +57,40 @@ def test_reference_passes_and_bad_outcomes_fail():
         assert not grade(imports, Path(d), score=0.0)        # must not use settings/: no credit
     with tempfile.TemporaryDirectory() as d:
         assert not grade("REGISTRY = {", Path(d), score=0.0)  # does not import
+
+
+def test_scripted_agent_plan_is_a_copy_of_the_listing_and_survives_a_summary():
+    """Each read turn thinks 'next:\\n<file>\\nthen:\\n<rest of the plan>' with file names spelled as
+    the listing spells them; the file it reads is the first line after the last 'then:' (or of
+    the listing), and a self-summary's read:/then: lists give the same knowledge back."""
+    from c2jax.agent import chat_format as cf
+    task = long_horizon.load("train", 1, seed=4, n_files=4, file_chars=200)[0]
+    pol = long_horizon.LongHorizonPolicy(task)
+    names = [m.split("/")[1] for m in task.metadata["modules"]]
+    codec = cf.as_codec(None)
+    listing = cf.render_tool_result(0, "list_dir", True, "\n".join(["__init__.py", *names]))
+    ctx = cf.render_system("s") + cf.render_user(task.prompt) + cf.assistant_prefix()
+    ctx += cf.render_assistant(calls=[{"name": "list_dir", "arguments": {"path": "settings"}}]) + listing
+    for i, name in enumerate(names):
+        msg = pol.next_message(codec.encode(ctx + cf.assistant_prefix()), codec)
+        think = re.search(r"next:\n(.*?)\nthen:\n(.*?)<", msg, re.S)
+        assert think.group(1) == name and think.group(2).split("\n") == names[i + 1:] + ["registry.py"]
+        assert f'"settings/{name}"' in msg
+        ctx += cf.assistant_prefix() + msg
+        src = task.files[f"settings/{name}"]
+        ctx += cf.render_tool_result(0, "read_file", True, f"settings/{name} (lines 1-9 of 9)\n{src}")
+        if i == 1:  # summarize here, then continue from the summary alone
+            summary = pol.self_summary(ctx)
+            assert "then:\n" + "\n".join(names[2:] + ["registry.py"]) in summary
+            assert re.search(r"read:\n" + re.escape("\n".join(names[:2])) + "\nfound:", summary)
+            k = pol.knowledge(cf.render_system("s") + cf.render_user(task.prompt) + summary)
+            assert k["files"] == task.metadata["modules"] and k["read"] == task.metadata["modules"][:2]
+            assert len(k["facts"]) == 2
+            ctx = cf.render_system("s") + cf.render_user(task.prompt) + summary + cf.render_user("continue")
+    final = pol.next_message(codec.encode(ctx + cf.assistant_prefix()), codec)
+    assert "next:\nregistry.py\nthen:\ndone" in final and "write_file" in final
+    assert all(f"{k} = {v}" in json_unescape(final) for k, v in task.metadata["facts"].items())
+
+
+def json_unescape(s: str) -> str:
+    return s.replace("\\n", "\n")
