@@ -239,21 +239,21 @@ class LongHorizonPolicy:
         # The think names this turn's file and the plan after it, one file name per line as the
         # listing spells them (same tokens): this turn's file is the first line after the last
         # "then:", and the new "then:" lines are the old ones after it, so each choice is a copy.
-        plan = [_base(f) for f in unread] + ["registry.py"]
-        think = f"next:\n{plan[0]}\nthen:\n" + ("\n".join(plan[1:]) or "done")
         if unread:
+            plan = [_base(f) for f in unread] + ["registry.py"]
+            think = "next:\n" + plan[0] + "\nthen:\n" + "\n".join(plan[1:])
             return cf.render_assistant(calls=[{"name": "read_file", "arguments": {"path": unread[0]}}],
                                        thinking=think)
-        # The constants' lines as the modules spell them (a copy of tokens the model has seen), then
-        # one fixed line that gathers them: literals in registry.py, nothing from settings/, and a
-        # write_file call that grows by one short line per constant (a dict by name outgrew the
-        # tiny setting's 256 new tokens).
+        # Plan done ("then:" ended in registry.py): no think. The constants' lines as the modules
+        # spell them (a copy of tokens the model has seen), then one fixed line that gathers them:
+        # literals in registry.py, nothing from settings/, and a write_file call that grows by one
+        # short line per constant (a dict by name, or a think here, outgrew the tiny setting's 256
+        # new tokens).
         content = ('"""Legacy constants, collected in one place."""\n\n'
                    + "".join(f"{n} = {k['facts'][n]}\n" for n in sorted(k["facts"]))
                    + "\n" + REGISTRY_LINE + "\n\n\ndef total():\n    return sum(REGISTRY.values())\n")
         return cf.render_assistant(calls=[{"name": "write_file", "arguments": {"path": "registry.py",
-                                                                                "content": content}}],
-                                   thinking=think)
+                                                                                "content": content}}])
 
     def self_summary(self, text: str) -> str:
         from c2jax import special_tokens as st
