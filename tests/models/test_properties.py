@@ -344,7 +344,9 @@ def test_forced_expert_ids(attention):
     assert float(jnp.max(jnp.abs(free_logits - logits))) > 1e-4
     (_, (own_logits, own_ids)), _ = grad_fn(cfg)(params, tokens, targets, free_aux["expert_ids"])
     np.testing.assert_array_equal(np.asarray(own_ids), np.asarray(free_aux["expert_ids"]))
-    np.testing.assert_allclose(np.asarray(own_logits), np.asarray(free_logits), atol=1e-6, rtol=0)
+    # same experts, same logits up to float32 summation order (the grad trace fuses differently;
+    # 1.3e-6 seen on logits ~1.7 under load); other experts moved them by > 1e-4 above
+    np.testing.assert_allclose(np.asarray(own_logits), np.asarray(free_logits), atol=1e-5, rtol=0)
 
 
 def _np_replay(forced, choice, k, thr):
