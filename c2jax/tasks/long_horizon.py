@@ -30,6 +30,7 @@ chars: the tiny model's size), or use load() directly.
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 
@@ -156,8 +157,9 @@ _register()
 _FACT_RE = re.compile(r"\b(LEGACY_[A-Z0-9_]+) ?= ?(-?\d+)")
 _SPECIAL_RE = re.compile(r"<\|/?[a-z_]+\|>")
 _READ_HEAD_RE = re.compile(r"^(settings/[A-Za-z0-9_]+\.py) \((?:lines \d+-\d+ of \d+|empty)\)", re.M)
-# "read:" / "then:" followed by one file name per line (the agent's own plan and summaries)
-_LIST_RE = re.compile(r"(?:^|(?<=>))(read|then):\n((?:[A-Za-z0-9_]+\.py(?:\n|$|(?=<)))+)", re.M)
+# "read:" / "then:" followed by one file name per line (the agent's own plan and summaries; matched
+# on the text with special tokens turned into line breaks)
+_LIST_RE = re.compile(r"^(read|then):\n((?:[A-Za-z0-9_]+\.py$\n?)+)", re.M)
 
 
 def _tool_blocks(text: str):
@@ -172,11 +174,6 @@ def _tool_blocks(text: str):
             h = {}
         out.append((h, body))
     return out
-
-
-def _base(path: str) -> str:
-    """settings/alpha.py -> alpha.py"""
-    return path[len("settings/"):]
 
 
 class LongHorizonPolicy:
@@ -212,14 +209,22 @@ class LongHorizonPolicy:
                 read |= set(re.findall(r"settings/[A-Za-z0-9_]+\.py", s))
             elif s.startswith("status: registry.py written") or "(ok): wrote registry.py" in s:
                 written = True
-        for head, body in _LIST_RE.findall(text):   # the agent's own read: / then: lists
-            names = {f"settings/{n}" for n in body.split() if n != "__init__.py"}
+        for head, body in _LIST_RE.findall(_SPECIAL_RE.sub("\n", text)):   # the agent's own read: / then: lists
+            names = {f"settings/{n}" for n in body.split()}
             files |= names - {"settings/registry.py"}
             if head == "read":
                 read |= names
         facts = dict(_FACT_RE.findall(text))
         return {"files": sorted(files), "read": sorted(read & files) if files else sorted(read),
                 "facts": {k: int(v) for k, v in facts.items()}, "written": written}
+
+    @staticmethod
+    def plan(k: dict) -> list[str]:
+        """What is left to do, as file names spelled as the listing spells them (the same BPE
+        tokens): the unread modules in listing order, then registry.py; [] once it is written."""
+        if k["written"] or not k["files"]:
+            return []
+        return [os.path.basename(f) for f in k["files"] if f not in k["read"]] + ["registry.py"]
 
     # -- the three kinds of requests
     def next_message(self, context, codec) -> str:
@@ -235,14 +240,13 @@ class LongHorizonPolicy:
             return cf.render_assistant(self.task.reference_message or "Done.")
         if not k["files"]:
             return cf.render_assistant(calls=[{"name": "list_dir", "arguments": {"path": "settings"}}])
-        unread = [f for f in k["files"] if f not in k["read"]]
-        # The think names this turn's file and the plan after it, one file name per line as the
-        # listing spells them (same tokens): this turn's file is the first line after the last
-        # "then:", and the new "then:" lines are the old ones after it, so each choice is a copy.
-        if unread:
-            plan = [_base(f) for f in unread] + ["registry.py"]
+        # The think names this turn's file and the plan after it, one file name per line: this
+        # turn's file is the first line after the last "then:", and the new "then:" lines are the
+        # old ones after it, so each choice is a copy.
+        plan = self.plan(k)
+        if len(plan) > 1:
             think = "next:\n" + plan[0] + "\nthen:\n" + "\n".join(plan[1:])
-            return cf.render_assistant(calls=[{"name": "read_file", "arguments": {"path": unread[0]}}],
+            return cf.render_assistant(calls=[{"name": "read_file", "arguments": {"path": f"settings/{plan[0]}"}}],
                                        thinking=think)
         # Plan done ("then:" ended in registry.py): no think. The constants' lines as the modules
         # spell them (a copy of tokens the model has seen), then one fixed line that gathers them:
@@ -258,17 +262,15 @@ class LongHorizonPolicy:
     def self_summary(self, text: str) -> str:
         from c2jax import special_tokens as st
         k = self.knowledge(text)
-        unread = [f for f in k["files"] if f not in k["read"]]
-        # file names one per line as the listing spells them; "then:" is the plan from here on
-        plan = ([] if k["written"] else [_base(f) for f in unread] + ["registry.py"]) if k["files"] else []
-        lines = (["read:", *map(_base, k["read"])] if k["files"] else ["files: not listed yet"])
+        plan = self.plan(k)
+        lines = ["read:", *map(os.path.basename, k["read"])] if k["files"] else ["files: not listed yet"]
         lines += ["found:", *(f"{n} = {v}" for n, v in sorted(k["facts"].items()))]  # the source lines verbatim
         if k["written"]:
             lines.append("status: registry.py written")
         if plan:
             lines += ["then:", *plan]
         lines.append("PLAN: read each module, then write REGISTRY")
-        if unread:
+        if len(plan) > 1:
             lines.append("TODO: read the modules under then:")
         if not k["written"]:
             lines.append("TODO: write registry.py")

@@ -72,11 +72,11 @@ def test_scripted_agent_plan_is_a_copy_of_the_listing_and_survives_a_summary():
     ctx = cf.render_system("s") + cf.render_user(task.prompt) + cf.assistant_prefix()
     ctx += cf.render_assistant(calls=[{"name": "list_dir", "arguments": {"path": "settings"}}]) + listing
     for i, name in enumerate(names):
-        msg = pol.next_message(codec.encode(ctx + cf.assistant_prefix()), codec)
-        think = re.search(r"next:\n(.*?)\nthen:\n(.*?)<", msg, re.S)
-        assert think.group(1) == name and think.group(2).split("\n") == names[i + 1:] + ["registry.py"]
-        assert f'"settings/{name}"' in msg
-        ctx += cf.assistant_prefix() + msg
+        msg = cf.parse_assistant(pol.next_message(codec.encode(ctx + cf.assistant_prefix()), codec))
+        assert msg.thinking == "\n".join(["next:", name, "then:", *names[i + 1:], "registry.py"])
+        assert [(c.name, c.arguments) for c in msg.calls] == [("read_file", {"path": f"settings/{name}"})]
+        ctx += cf.assistant_prefix() + cf.render_assistant(calls=[{"name": "read_file", "arguments": {
+            "path": f"settings/{name}"}}], thinking=msg.thinking)
         src = task.files[f"settings/{name}"]
         ctx += cf.render_tool_result(0, "read_file", True, f"settings/{name} (lines 1-9 of 9)\n{src}")
         if i == 1:  # summarize here, then continue from the summary alone
@@ -87,10 +87,7 @@ def test_scripted_agent_plan_is_a_copy_of_the_listing_and_survives_a_summary():
             assert k["files"] == task.metadata["modules"] and k["read"] == task.metadata["modules"][:2]
             assert len(k["facts"]) == 2
             ctx = cf.render_system("s") + cf.render_user(task.prompt) + summary + cf.render_user("continue")
-    final = pol.next_message(codec.encode(ctx + cf.assistant_prefix()), codec)
-    assert "write_file" in final and "next:" not in final
-    assert all(f"{k} = {v}" in json_unescape(final) for k, v in task.metadata["facts"].items())
-
-
-def json_unescape(s: str) -> str:
-    return s.replace("\\n", "\n")
+    final = cf.parse_assistant(pol.next_message(codec.encode(ctx + cf.assistant_prefix()), codec))
+    assert not final.thinking and [c.name for c in final.calls] == ["write_file"]
+    content = final.calls[0].arguments["content"]
+    assert all(f"{k} = {v}\n" in content for k, v in task.metadata["facts"].items())
