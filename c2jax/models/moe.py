@@ -153,21 +153,80 @@ def split_experts(w_gate_EDF, w_up_EDF, w_down_EFD):
                  for e in range(w_gate_EDF.shape[0]))
 
 
+@jax.tree_util.register_pytree_node_class
+class ShardedExperts:
+    """split_experts' buffers spread over a 1-D mesh of n host devices (expert-parallel decode on
+    CPU, where XLA runs one device's matmuls one after another: n devices stream n experts'
+    weights at once). slots[j] = (w_gate_up [n, D, 2F], w_down [n, F, D]) sharded on axis 0:
+    row d, on device d, is expert d * len(slots) + j."""
+
+    def __init__(self, slots, mesh):
+        self.slots, self.mesh = tuple(slots), mesh
+
+    def tree_flatten(self):
+        return (self.slots,), self.mesh
+
+    @classmethod
+    def tree_unflatten(cls, mesh, children):
+        return cls(children[0], mesh)
+
+
+def shard_experts(experts, mesh) -> ShardedExperts:
+    """split_experts' per-expert buffers -> ShardedExperts over mesh (1-D; its size must divide
+    the expert count)."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    n, E = mesh.size, len(experts)
+    if E % n:
+        raise ValueError(f"{E} experts cannot be split evenly over {n} decode devices")
+    per = E // n
+    spec = NamedSharding(mesh, P(mesh.axis_names[0]))
+    slots = [tuple(jax.device_put(jnp.stack([experts[d * per + j][i] for d in range(n)]), spec) for i in (0, 1))
+             for j in range(per)]
+    return ShardedExperts(slots, mesh)
+
+
 def split_dispatch(x_TD, ids_TK, weights_TK, experts):
     """Dropless over per-expert weight buffers: experts[e] = (w_gate_up_D2F, w_down_FD), each its
-    own array (split_experts). Assignments are sorted by expert; each expert that some token chose runs one
+    own array (split_experts), or a ShardedExperts (each device runs its own experts; the
+    partial outputs are summed). Assignments are sorted by expert; each expert that some token chose runs one
     SwiGLU on a window of the sorted rows starting at its first row, the window being the
     smallest power of two >= its count (lax.switch; padded to the widest window W); unchosen
     experts are skipped. So a step reads only the chosen experts' weights, once each, where
     they lie: on CPU XLA copies any slice of a stacked [E, D, F] array before a matmul reads
-    it (the decode path, c2jax.sampling.unrolled, keeps experts split for this). The experts'
-    branches are independent (XLA may run them concurrently); their rows are then written
-    back in place, each expert's own rows only. Windows of <= ROW_WISE_MAX_ROWS rows run as
-    one-row matmuls (XLA CPU's few-row matmuls stream weights slower than one-row ones)."""
+    it (the decode path, c2jax.sampling.unrolled, keeps experts split for this). Their rows
+    are written back in place, each expert's own rows only. Windows of <= ROW_WISE_MAX_ROWS
+    rows run as one-row matmuls (XLA CPU's few-row matmuls stream weights slower than one-row ones)."""
+    dt = x_TD.dtype
+    if isinstance(experts, ShardedExperts):
+        out_TD = _sharded_split(x_TD, ids_TK, weights_TK, experts)
+    else:
+        out_TD = _split_local(x_TD, ids_TK, weights_TK, experts)
+    return out_TD.astype(dt), jnp.zeros((), jnp.float32)
+
+
+def _sharded_split(x_TD, ids_TK, weights_TK, ex: ShardedExperts):
+    from jax.sharding import PartitionSpec as P
+    axis, per = ex.mesh.axis_names[0], len(ex.slots)
+
+    def local(x_TD, ids_TK, weights_TK, slots):
+        local_TK = ids_TK - jax.lax.axis_index(axis) * per
+        mine_TK = (local_TK >= 0) & (local_TK < per)
+        experts = tuple((wgu[0], wd[0]) for wgu, wd in slots)
+        out_TD = _split_local(x_TD, jnp.where(mine_TK, local_TK, per), jnp.where(mine_TK, weights_TK, 0),
+                              experts)
+        return jax.lax.psum(out_TD, axis)
+
+    return jax.shard_map(local, mesh=ex.mesh, in_specs=(P(), P(), P(), P(axis)), out_specs=P(),
+                         check_vma=False)(x_TD, ids_TK, weights_TK, ex.slots)
+
+
+def _split_local(x_TD, ids_TK, weights_TK, experts):
+    """split_dispatch over local buffers; ids == len(experts) marks an assignment no local expert
+    serves (its output row stays 0). Returns the f32 weighted sum [T, D]."""
     T, K = ids_TK.shape
     E, A, D = len(experts), T * K, x_TD.shape[-1]
     f32, dt = jnp.float32, x_TD.dtype
-    order_A, n_E = sort_assignments(ids_TK, E)
+    order_A, n_E = sort_assignments(ids_TK, E + 1)
     start_E = (jnp.cumsum(n_E) - n_E).astype(jnp.int32)
     widths = window_widths(A)
     W = widths[-1]
@@ -196,8 +255,7 @@ def split_dispatch(x_TD, ids_TK, weights_TK, experts):
         mine_W1 = (jnp.arange(W) < n_E[e])[:, None]
         y_RD = jax.lax.dynamic_update_slice_in_dim(y_RD, jnp.where(mine_W1, y_WD, old_WD), start_E[e], 0)
     y_TKD = jnp.zeros((A, D), dt).at[order_A].set(y_RD[:A]).reshape(T, K, D)
-    out = jnp.einsum("tkd,tk->td", y_TKD.astype(f32), weights_TK.astype(f32))
-    return out.astype(dt), jnp.zeros((), f32)
+    return jnp.einsum("tkd,tk->td", y_TKD.astype(f32), weights_TK.astype(f32))
 
 
 MIN_DROPLESS_CAPACITY = 64

@@ -39,6 +39,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
 
 from c2jax.models import transformer as tfm
 from c2jax.sampling import logits as lg
@@ -289,6 +290,11 @@ class Sampler:
     CPU for float weights without speculation): decode with c2jax.sampling.unrolled (layer
     loop unrolled, per-layer and per-expert weight buffers, read in place; holds that second
     copy of the weights, rebuilt by swap_params); False runs the model's scanned forward.
+    decode_devices (split decode only): split each decode step's weight reads over this many
+    devices (on CPU, host devices: XLA_FLAGS=--xla_force_host_platform_device_count=n; one
+    device's matmuls run one at a time on one core): experts, attention heads and the output
+    head (unrolled.split_params); cache and row state move to them for each decode chunk and
+    back for prefill. Same math as one device (float sums may differ in the last bits).
 
     Attributes: version (current policy version), prefill_tokens (tokens run through
     prefill, counted once per shared group), prefill_calls, decode_steps, generated_tokens,
@@ -297,7 +303,8 @@ class Sampler:
 
     def __init__(self, cfg, params, max_batch: int = 8, max_len: int = 512, chunk: int = 32,
                  version: int = 0, exact_moe: bool = True, cache_dtype=None,
-                 speculative: str = "none", quant_scope: str = "experts", split_decode: bool | None = None):
+                 speculative: str = "none", quant_scope: str = "experts", split_decode: bool | None = None,
+                 decode_devices: int = 1):
         if speculative not in ("none", "mtp"):
             raise ValueError(f"speculative must be 'none' or 'mtp', got {speculative!r}")
         if quant_scope not in ("none", "experts", "all"):
@@ -312,6 +319,10 @@ class Sampler:
         elif split_decode and why_not:
             raise ValueError(f"split_decode=True does not support {why_not}")
         self.split_decode = bool(split_decode)
+        if decode_devices != 1 and not self.split_decode:
+            raise ValueError(f"decode_devices={decode_devices} needs the split decode step (split_decode=True; "
+                             f"not available for {why_not or 'split_decode=False'})")
+        self._mesh = unrolled.decode_mesh(int(decode_devices))
         self._prefill, self._decode, self.num_moe_layers = _kernels(self.model_cfg.to_json(), self.S, self.B,
                                                                     self.split_decode)
         self.quant_scope = quant_scope if self.model_cfg.quant != "none" else "none"
@@ -355,7 +366,7 @@ class Sampler:
             self.version = int(version)
 
     def _decode_view(self, params):
-        return unrolled.split_params(self.model_cfg, params) if self.split_decode else params
+        return unrolled.split_params(self.model_cfg, params, self._mesh) if self.split_decode else params
 
     def _storage(self, params):
         from c2jax.sampling import quantized
@@ -527,8 +538,15 @@ class Sampler:
         min_live = n_live if self._waiting else 0
         with self._lock:
             params, version = self._decode_params, self.version
-        self.cache, self.state, n_steps, bufs = self._decode(params, self.cache, self.state, min_live,
-                                                             C=self.chunk, use_filter=use_filter)
+        cache, state = self.cache, self.state
+        if self._mesh is not None:  # decode over several devices (split_params): state replicated
+            cache = jax.device_put(cache, unrolled.cache_shardings(self.model_cfg, cache, self._mesh))
+            state = jax.device_put(state, NamedSharding(self._mesh, PartitionSpec()))
+        cache, state, n_steps, bufs = self._decode(params, cache, state, min_live, C=self.chunk,
+                                                   use_filter=use_filter)
+        if self._mesh is not None:
+            cache, state = jax.device_put((cache, state), self._mesh.devices.flat[0])
+        self.cache, self.state = cache, state
         # one batched transfer, sliced on the host (slicing on device would dispatch one op per
         # buffer and compile a new slice for every distinct n)
         n_steps, bufs = jax.device_get((n_steps, bufs))

@@ -21,10 +21,12 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from c2jax.models import transformer as tfm
 from c2jax.models.layers import Linear, RMSNorm, dtype_of
-from c2jax.models.moe import split_experts
+from c2jax.models.moe import shard_experts, split_experts
 
 STACKS = (("dense_layers", "dense", False), ("moe_layers", "moe", True))
 CAST = ("kernel", "w_gate", "w_up", "w_down", "kv_b_proj", "embed")  # the model casts these to dtype
@@ -70,14 +72,76 @@ def _splitter(model_json: str):
     return split
 
 
-def split_params(m, params) -> dict:
+def split_params(m, params, mesh=None) -> dict:
     """Split params for decode_step (one jitted copy of the weights, in the compute dtype):
     {embed, final_norm, lm_head?, layers: [per-layer params, dense layers first]}, MoE layers'
-    experts as moe.split_experts lays them out. Every array is its own buffer."""
+    experts as moe.split_experts lays them out. Every array is its own buffer.
+
+    With a 1-D mesh of n host devices (decode_mesh), the step's weight reads are split over the
+    devices (on CPU XLA runs one device's matmuls one at a time, so one device streams weights
+    from one core): MoE experts become moe.ShardedExperts (expert parallel), GQA attention is
+    split by heads (q/k/v_proj by output columns, o_proj by input rows; the cache by KV head,
+    cache_shardings) and the output head by vocab; everything else is replicated. XLA inserts
+    the reductions."""
     reason = supported(m)
     if reason:
         raise ValueError(f"split decode params do not support {reason}")
-    return _splitter(m.to_json())(params)
+    sp = _splitter(m.to_json())(params)
+    if mesh is None or mesh.size == 1:
+        return sp
+    n = mesh.size
+    if not m.num_experts or m.num_experts % n:
+        raise ValueError(f"decode over {n} devices needs a MoE model whose num_experts ({m.num_experts}) "
+                         f"{n} divides")
+    experts = [lay["moe"].pop("experts") if "moe" in lay else None for lay in sp["layers"]]
+    heads = _head_parallel(m, n)
+    ax = mesh.axis_names[0]
+
+    def spec(path, a):
+        names = [getattr(k, "key", None) for k in path]
+        if heads and "attn" in names and names[-1] in ("kernel", "bias"):
+            if {"q_proj", "k_proj", "v_proj"} & set(names):
+                return P(ax) if a.ndim == 1 else P(None, ax)
+            if "o_proj" in names and a.ndim == 2:
+                return P(ax, None)
+        if "lm_head" in names and a.ndim == 2 and a.shape[1] % n == 0:
+            return P(None, ax)
+        return P()
+
+    sp = jax.tree_util.tree_map_with_path(lambda p, a: jax.device_put(a, NamedSharding(mesh, spec(p, a))), sp)
+    for lay, ex in zip(sp["layers"], experts):
+        if ex is not None:
+            lay["moe"]["experts"] = shard_experts(ex, mesh)
+    return sp
+
+
+def _head_parallel(m, n: int) -> bool:
+    """May GQA attention be split by heads over n devices?"""
+    return m.attention != "mla" and m.num_heads % n == 0 and m.num_kv_heads % n == 0
+
+
+def cache_shardings(m, cache, mesh):
+    """Shardings for the model's stacked caches under split_params(..., mesh): GQA K/V
+    [Y, B, S, G, P] split by KV head when attention is head-parallel, else replicated."""
+    ax = mesh.axis_names[0]
+    split = _head_parallel(m, mesh.size)
+
+    def one(a):
+        return NamedSharding(mesh, P(None, None, None, ax, None) if split and a.ndim == 5 else P())
+    return jax.tree.map(one, cache)
+
+
+def decode_mesh(n: int):
+    """A 1-D mesh of the first n devices for expert-parallel decode (CPU: start the process with
+    XLA_FLAGS=--xla_force_host_platform_device_count=n); None for n == 1."""
+    if n == 1:
+        return None
+    devices = jax.devices()
+    if n < 1 or n > len(devices):
+        raise ValueError(f"decode_devices={n} but this process has {len(devices)} {jax.default_backend()} "
+                         f"device(s); on CPU set XLA_FLAGS=--xla_force_host_platform_device_count={n} "
+                         "before JAX starts")
+    return Mesh(np.array(devices[:n]), ("decode",))
 
 
 def split_cache(cache) -> list:

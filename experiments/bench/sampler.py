@@ -97,10 +97,10 @@ def step_bytes(cfg, batch: int, mean_pos: float) -> float:
     return 4.0 * (weights + cache)
 
 
-def bench_c2jax(cfg, params, batch, prompt_len, new_tokens, repeats=2):
+def bench_c2jax(cfg, params, batch, prompt_len, new_tokens, repeats=2, decode_devices=1):
     rng = np.random.default_rng(0)
     max_len = -(-(prompt_len + new_tokens + 1) // 16) * 16
-    s = Sampler(cfg, params, max_batch=batch, max_len=max_len, chunk=new_tokens)
+    s = Sampler(cfg, params, max_batch=batch, max_len=max_len, chunk=new_tokens, decode_devices=decode_devices)
 
     def once():
         prompts = rng.integers(0, cfg.model.vocab_size, (batch, prompt_len))
