@@ -43,6 +43,7 @@ def rl_defaults() -> ml_collections.ConfigDict:
     c.env_workers = 8  # concurrent episodes (threads)
     c.sampler_slots = 8  # sampler cache slots (concurrent sequences)
     c.sampler_chunk = 16  # decode steps per on-device loop
+    c.sampler_decode_devices = 1  # split each decode step over this many devices (CPU: host devices, see Sampler)
     # --- self-summarization (harness env; c2jax.agent.summarize, c2jax.rl.chains) ---
     c.summary_method = "none"  # "none" (full context) | "self" | "prompt" (compaction call) | "truncate"
     c.summary_trigger_tokens = 512  # compact when the current segment holds this many tokens
@@ -94,7 +95,7 @@ def validate_rl(r, model=None) -> None:
     except ValueError as e:
         raise ConfigError(str(e)) from None
     for key in ("group_size", "prompts_per_step", "steps", "max_new_tokens", "max_turns", "max_total_tokens",
-                "env_workers", "sampler_slots", "sampler_chunk", "delta_full_every", "length_bucket",
+                "env_workers", "sampler_slots", "sampler_chunk", "sampler_decode_devices", "delta_full_every", "length_bucket",
                 "data_shards", "checkpoint_every", "eval_k", "eval_tasks"):
         if int(r[key]) < 1:
             raise ConfigError(f"rl.{key} must be >= 1, got {r[key]}")

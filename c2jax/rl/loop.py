@@ -148,7 +148,7 @@ class LocalRuntime:
         self.host = h = LearnerHost(cfg, workdir)
         self.start_step, self.consumed, self.dropped = h.start_step, h.consumed, h.dropped
         self.service = SamplerService(h.learner.cfg, h.sampler_params(), h.start_step, r.sampler_slots,
-                                      self.env.max_len(), r.sampler_chunk)
+                                      self.env.max_len(), r.sampler_chunk, r.sampler_decode_devices)
         if r.log_delta:
             h.publish(h.start_step)
 

@@ -178,7 +178,8 @@ class SamplerActor:
     """A SamplerService fed by weight blobs: `submit` blocks on one request's completions (the
     actor is threaded, so concurrent episodes batch together), `load` applies a blob in flight."""
 
-    def __init__(self, cfg, template, blob: bytes, max_batch: int, max_len: int, chunk: int, learner=None):
+    def __init__(self, cfg, template, blob: bytes, max_batch: int, max_len: int, chunk: int, learner=None,
+                 decode_devices: int = 1):
         import ray
 
         from c2jax.rl.rollout import SamplerService
@@ -188,7 +189,7 @@ class SamplerActor:
             blob = ray.get(learner.full_blob.remote())  # restarted: the newest weights, not the constructor's
         from c2jax.rl.weight_sync import apply_blob
         version, self.flat = apply_blob(None, blob)
-        self.service = SamplerService(cfg, self._params(), version, max_batch, max_len, chunk)
+        self.service = SamplerService(cfg, self._params(), version, max_batch, max_len, chunk, decode_devices)
 
     def _params(self):
         import jax.numpy as jnp
@@ -429,7 +430,8 @@ class RayRuntime:
             samplers = [ray.remote(SamplerActor).options(
                 num_cpus=1, num_gpus=float(r.ray_sampler_gpus), max_restarts=restarts,
                 max_concurrency=2 * r.env_workers + 4,  # training + eval episodes block a thread each
-            ).remote(learner_cfg(cfg), template, blob0, r.sampler_slots, env.max_len(), r.sampler_chunk, self.learner)
+            ).remote(learner_cfg(cfg), template, blob0, r.sampler_slots, env.max_len(), r.sampler_chunk, self.learner,
+                      r.sampler_decode_devices)
                 for _ in range(r.ray_samplers)]
             self.actors += samplers
             envs = [ray.remote(EnvActor).options(num_cpus=0, max_restarts=restarts, max_concurrency=2 * per_env + 2)

@@ -47,8 +47,10 @@ class SamplerService:
     A crash of the engine (or `kill()`) fails the in-flight futures with SamplerDied and
     restarts a fresh engine on the latest weights."""
 
-    def __init__(self, cfg, params, version: int, max_batch: int, max_len: int, chunk: int = 16):
+    def __init__(self, cfg, params, version: int, max_batch: int, max_len: int, chunk: int = 16,
+                 decode_devices: int = 1):
         self.cfg, self.max_batch, self.max_len, self.chunk = cfg, max_batch, max_len, chunk
+        self.decode_devices = decode_devices
         self.params, self.version = params, int(version)
         self.sampler = self._make()
         self.inbox: queue.Queue = queue.Queue()
@@ -65,7 +67,7 @@ class SamplerService:
 
     def _make(self):
         return Sampler(self.cfg, self.params, max_batch=self.max_batch, max_len=self.max_len, chunk=self.chunk,
-                       version=self.version)
+                       version=self.version, decode_devices=self.decode_devices)
 
     @property
     def S(self) -> int:

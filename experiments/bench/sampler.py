@@ -6,7 +6,10 @@ naive recompute-the-prefix decoding, plus the bytes-moved bound of a decode step
 
 All runs are greedy, float32, `prompt_len` random prompt tokens, `new_tokens` new tokens.
 - c2jax: `Sampler` with max_batch = batch, the whole decode in one on-device chunk (on CPU the
-  split-weight decode step, c2jax.sampling.unrolled: per-layer / per-expert weight buffers).
+  split-weight decode step, c2jax.sampling.unrolled: per-layer / per-expert weight buffers),
+  decode_devices = --decode-devices (default 2: the two cores of this machine as two host
+  devices, experts / attention heads / vocab split over them), and with decode_devices = 1
+  ("1 dev") in the same run.
   ms/step = decode time / decode steps; decode tok/s = batch * 1000 / ms_step; e2e tok/s =
   batch * new_tokens / (prefill + decode).
 - hf: experiments/reference/hf_generate.py in .venv-ref (Python 3.11, torch CPU) on the SAME
@@ -30,13 +33,27 @@ import sys
 import tempfile
 import time
 
-import jax
-import jax.numpy as jnp
-import numpy as np
 
-import c2jax
-from c2jax.models.transformer import layer_counts, param_count
-from c2jax.sampling import Request, Sampler
+def _decode_devices() -> int:
+    """--decode-devices, read before JAX starts: host devices must be asked for in XLA_FLAGS."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--decode-devices", type=int, default=2)
+    n = pre.parse_known_args()[0].decode_devices
+    if n > 1 and "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                                   f" --xla_force_host_platform_device_count={n}").strip()
+    return n
+
+
+DECODE_DEVICES = _decode_devices()
+
+import jax  # noqa: E402  (after XLA_FLAGS)
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import c2jax  # noqa: E402
+from c2jax.models.transformer import layer_counts, param_count  # noqa: E402
+from c2jax.sampling import Request, Sampler  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 REF_PY = os.path.join(ROOT, ".venv-ref", "bin", "python")
@@ -170,6 +187,8 @@ def main() -> int:
     ap.add_argument("--no-peer", action="store_true")
     ap.add_argument("--no-naive", action="store_true")
     ap.add_argument("--json", default=None, help="also write all rows to this file")
+    ap.add_argument("--decode-devices", type=int, default=2,
+                    help="c2jax decode devices (CPU: host devices, one per core); 1 = one device only")
     args = ap.parse_args()
 
     bw = measure_bandwidth()
@@ -188,7 +207,11 @@ def main() -> int:
             bw = measure_bandwidth()  # per row: the host is shared, contention changes over the run
             row = {"model": name, "params": n_params, "batch": batch, "prompt_len": args.prompt_len,
                    "new_tokens": args.new_tokens, "bandwidth_GB_s": bw, "loadavg_1m": os.getloadavg()[0]}
-            row["c2jax"] = bench_c2jax(cfg, params, batch, args.prompt_len, args.new_tokens)
+            row["decode_devices"] = DECODE_DEVICES
+            row["c2jax"] = bench_c2jax(cfg, params, batch, args.prompt_len, args.new_tokens,
+                                       decode_devices=DECODE_DEVICES)
+            if DECODE_DEVICES > 1:
+                row["c2jax_1dev"] = bench_c2jax(cfg, params, batch, args.prompt_len, args.new_tokens)
             bound_ms = 1e3 * step_bytes(cfg, batch, args.prompt_len + args.new_tokens / 2) / (bw * 1e9)
             row["bound_ms_per_step"] = bound_ms
             row["c2jax_over_bound"] = row["c2jax"]["ms_per_step"] / bound_ms
@@ -202,17 +225,18 @@ def main() -> int:
             print(json.dumps(row), flush=True)
             rows.append(row)
     print()
-    print("| model | batch | GB/s | c2jax ms/step | c2jax decode tok/s | HF ms/step | HF decode tok/s | x HF | naive ms/step "
-          "| bound ms/step | c2jax / bound |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| model | batch | GB/s | c2jax ms/step | c2jax decode tok/s | c2jax 1 dev ms/step | HF ms/step "
+          "| HF decode tok/s | x HF | naive ms/step | bound ms/step | c2jax / bound |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         hf = r["hf"]
         hf_ms = f"{hf['ms_per_step']:.1f}" if "ms_per_step" in hf else "n/a"
         hf_tps = f"{hf['decode_tokens_per_s']:.0f}" if "decode_tokens_per_s" in hf else hf.get("error", "n/a")
         sp = f"{r['speedup_vs_hf_decode']:.2f}" if "speedup_vs_hf_decode" in r else "n/a"
         nv = f"{r['naive']['ms_per_step']:.1f}" if "naive" in r else "n/a"
+        one = f"{r['c2jax_1dev']['ms_per_step']:.2f}" if "c2jax_1dev" in r else "(same)"
         print(f"| {r['model']} | {r['batch']} | {r['bandwidth_GB_s']:.1f} | {r['c2jax']['ms_per_step']:.2f} | "
-              f"{r['c2jax']['decode_tokens_per_s']:.0f} | {hf_ms} | {hf_tps} | {sp} | {nv} | "
+              f"{r['c2jax']['decode_tokens_per_s']:.0f} | {one} | {hf_ms} | {hf_tps} | {sp} | {nv} | "
               f"{r['bound_ms_per_step']:.2f} | {r['c2jax_over_bound']:.2f} |")
     if args.json:
         with open(args.json, "w") as f:
