@@ -87,3 +87,22 @@ def test_bad_decode_device_requests_fail_clearly():
         Sampler(cfg, params, decode_devices=len(jax.devices()) + 1)
     with pytest.raises(ValueError, match="split decode"):
         Sampler(cfg, params, decode_devices=2, split_decode=False)
+
+
+def test_rl_sampler_service_decodes_over_devices():
+    """rl.sampler_decode_devices reaches the RL sampler service: its completions equal one device's."""
+    from c2jax.rl.rollout import SamplerService
+    cfg = load_config("configs/tiny.py")
+    params = c2jax.models.init_params(cfg, jax.random.key(3))
+    prompt = np.random.default_rng(3).integers(0, cfg.model.vocab_size, 9).tolist()
+    got = {}
+    for n in (1, 2):
+        svc = SamplerService(cfg, params, 0, max_batch=4, max_len=48, chunk=8, decode_devices=n)
+        try:
+            got[n] = svc.submit(Request(prompt, max_new_tokens=12, temperature=1.0, n=4, seed=5)).result(timeout=300)
+            assert svc.sampler._mesh is None if n == 1 else svc.sampler._mesh.size == 2
+        finally:
+            svc.stop()
+    for a, b in zip(got[1], got[2]):
+        assert a.tokens == b.tokens
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=2e-5)
