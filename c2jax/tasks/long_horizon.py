@@ -16,11 +16,11 @@ it got right (capped at 0.99 by Task.run_hidden_tests): partial credit RL can le
 
 Also here: `LongHorizonPolicy`, a deterministic scripted agent for these tasks that decides
 *only from its current context* (so what a summary keeps is what it knows): list settings/,
-read the modules one per turn in listing order (each turn's think names the file and the plan
-after it, one name per line as the listing spells them: `next:\nbeacon.py\nthen:\ncobalt.py\n
-registry.py`), write registry.py from the LEGACY values it can see, answer.
-Asked for a self-summary (the SUMMARIZE_QUERY), it writes read / found (the LEGACY source
-lines verbatim) / then (the plan) / PLAN / TODO lines; given a prompt-based compaction request, it acts as a generic query-focused extractive
+read the modules one per turn in listing order (each turn's think is two lines of the listing,
+the module read last and the one after it: `after:\nbeacon.py\ncobalt.py`; `first:\nalpha.py`),
+write registry.py from the LEGACY values it can see, answer.
+Asked for a self-summary (the SUMMARIZE_QUERY), it writes files (the listing, one name per line)
+/ read up to (the last module read) / found (the LEGACY source lines verbatim) / PLAN / TODO lines; given a prompt-based compaction request, it acts as a generic query-focused extractive
 compactor (keeps the task, the previous summary, every call, each tool output's header and the
 output lines that name an identifier of the task prompt; lines deduplicated).
 
@@ -157,9 +157,10 @@ _register()
 _FACT_RE = re.compile(r"\b(LEGACY_[A-Z0-9_]+) ?= ?(-?\d+)")
 _SPECIAL_RE = re.compile(r"<\|/?[a-z_]+\|>")
 _READ_HEAD_RE = re.compile(r"^(settings/[A-Za-z0-9_]+\.py) \((?:lines \d+-\d+ of \d+|empty)\)", re.M)
-# "read:" / "then:" followed by one file name per line (the agent's own plan and summaries; matched
-# on the text with special tokens turned into line breaks)
-_LIST_RE = re.compile(r"^(read|then):\n((?:[A-Za-z0-9_]+\.py$\n?)+)", re.M)
+# a summary's "files:" (the listing, one name per line) and "read up to:" (the last module read);
+# matched on the text with special tokens turned into line breaks
+_FILES_RE = re.compile(r"^files:\n((?:[A-Za-z0-9_]+\.py$\n?)+)", re.M)
+_CURSOR_RE = re.compile(r"^read up to:\n([A-Za-z0-9_]+\.py)$", re.M)
 
 
 def _tool_blocks(text: str):
@@ -209,14 +210,19 @@ class LongHorizonPolicy:
                 read |= set(re.findall(r"settings/[A-Za-z0-9_]+\.py", s))
             elif s.startswith("status: registry.py written") or "(ok): wrote registry.py" in s:
                 written = True
-        for head, body in _LIST_RE.findall(_SPECIAL_RE.sub("\n", text)):   # the agent's own read: / then: lists
-            names = {f"settings/{n}" for n in body.split()}
-            files |= names - {"settings/registry.py"}
-            if head == "read":
-                read |= names
+        plain = _SPECIAL_RE.sub("\n", text)
+        for body in _FILES_RE.findall(plain):   # a summary's copy of the listing
+            files |= {f"settings/{n}" for n in body.split()}
+        for name in _CURSOR_RE.findall(plain):   # modules are read in listing order: all up to it
+            read |= {f for f in files if f <= f"settings/{name}"}
         facts = dict(_FACT_RE.findall(text))
         return {"files": sorted(files), "read": sorted(read & files) if files else sorted(read),
                 "facts": {k: int(v) for k, v in facts.items()}, "written": written}
+
+    @staticmethod
+    def last_read(k: dict) -> str | None:
+        """The module read last (they are read in listing order), as the listing spells it."""
+        return os.path.basename(k["read"][-1]) if k["read"] else None
 
     @staticmethod
     def plan(k: dict) -> list[str]:
@@ -240,15 +246,16 @@ class LongHorizonPolicy:
             return cf.render_assistant(self.task.reference_message or "Done.")
         if not k["files"]:
             return cf.render_assistant(calls=[{"name": "list_dir", "arguments": {"path": "settings"}}])
-        # The think names this turn's file and the plan after it, one file name per line: this
-        # turn's file is the first line after the last "then:", and the new "then:" lines are the
-        # old ones after it, so each choice is a copy.
+        # The think is two lines of the listing: the module read last, then the one after it
+        # (this turn's file), spelled as the listing spells them; so the choice is a copy of the
+        # line that follows the last-read name in the listing (or in a summary's files: list).
         plan = self.plan(k)
         if len(plan) > 1:
-            think = "next:\n" + plan[0] + "\nthen:\n" + "\n".join(plan[1:])
+            last = self.last_read(k)
+            think = (f"after:\n{last}\n" if last else "first:\n") + plan[0]
             return cf.render_assistant(calls=[{"name": "read_file", "arguments": {"path": f"settings/{plan[0]}"}}],
                                        thinking=think)
-        # Plan done ("then:" ended in registry.py): no think. The constants' lines as the modules
+        # Every module read (the last one read ends the listing): no think. The constants' lines as the modules
         # spell them (a copy of tokens the model has seen), then one fixed line that gathers them:
         # literals in registry.py, nothing from settings/, and a write_file call that grows by one
         # short line per constant (a dict by name, or a think here, outgrew the tiny setting's 256
@@ -262,16 +269,16 @@ class LongHorizonPolicy:
     def self_summary(self, text: str) -> str:
         from c2jax import special_tokens as st
         k = self.knowledge(text)
-        plan = self.plan(k)
-        lines = ["read:", *map(os.path.basename, k["read"])] if k["files"] else ["files: not listed yet"]
+        plan, last = self.plan(k), self.last_read(k)
+        lines = ["files:", *map(os.path.basename, k["files"])] if k["files"] else ["files: not listed yet"]
+        if last:
+            lines += ["read up to:", last]
         lines += ["found:", *(f"{n} = {v}" for n, v in sorted(k["facts"].items()))]  # the source lines verbatim
         if k["written"]:
             lines.append("status: registry.py written")
-        if plan:
-            lines += ["then:", *plan]
         lines.append("PLAN: read each module, then write REGISTRY")
         if len(plan) > 1:
-            lines.append("TODO: read the modules under then:")
+            lines.append("TODO: read the files after the one read up to")
         if not k["written"]:
             lines.append("TODO: write registry.py")
         think = "Keep files, what I read, the LEGACY values."

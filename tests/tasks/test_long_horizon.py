@@ -60,9 +60,9 @@ def test_reference_passes_and_bad_outcomes_fail():
 
 
 def test_scripted_agent_plan_is_a_copy_of_the_listing_and_survives_a_summary():
-    """Each read turn thinks 'next:\\n<file>\\nthen:\\n<rest of the plan>' with file names spelled as
-    the listing spells them; the file it reads is the first line after the last 'then:' (or of
-    the listing), and a self-summary's read:/then: lists give the same knowledge back."""
+    """Each read turn thinks two lines of the listing, 'after:\\n<last read>\\n<this file>' ('first:\\n
+    <file>' at the start), names spelled as the listing spells them; a self-summary's files: list
+    (the listing) and read up to: line give the same knowledge back."""
     from c2jax.agent import chat_format as cf
     task = long_horizon.load("train", 1, seed=4, n_files=4, file_chars=200)[0]
     pol = long_horizon.LongHorizonPolicy(task)
@@ -73,7 +73,8 @@ def test_scripted_agent_plan_is_a_copy_of_the_listing_and_survives_a_summary():
     ctx += cf.render_assistant(calls=[{"name": "list_dir", "arguments": {"path": "settings"}}]) + listing
     for i, name in enumerate(names):
         msg = cf.parse_assistant(pol.next_message(codec.encode(ctx + cf.assistant_prefix()), codec))
-        assert msg.thinking == "\n".join(["next:", name, "then:", *names[i + 1:], "registry.py"])
+        assert msg.thinking == ("first:\n" if i == 0 else f"after:\n{names[i - 1]}\n") + name
+        assert msg.thinking.split(":\n", 1)[1] in "\n".join(names)   # lines of the listing
         assert [(c.name, c.arguments) for c in msg.calls] == [("read_file", {"path": f"settings/{name}"})]
         ctx += cf.assistant_prefix() + cf.render_assistant(calls=[{"name": "read_file", "arguments": {
             "path": f"settings/{name}"}}], thinking=msg.thinking)
@@ -81,8 +82,7 @@ def test_scripted_agent_plan_is_a_copy_of_the_listing_and_survives_a_summary():
         ctx += cf.render_tool_result(0, "read_file", True, f"settings/{name} (lines 1-9 of 9)\n{src}")
         if i == 1:  # summarize here, then continue from the summary alone
             summary = pol.self_summary(ctx)
-            assert "then:\n" + "\n".join(names[2:] + ["registry.py"]) in summary
-            assert re.search(r"read:\n" + re.escape("\n".join(names[:2])) + "\nfound:", summary)
+            assert "files:\n" + "\n".join(names) + f"\nread up to:\n{names[1]}\nfound:" in summary
             k = pol.knowledge(cf.render_system("s") + cf.render_user(task.prompt) + summary)
             assert k["files"] == task.metadata["modules"] and k["read"] == task.metadata["modules"][:2]
             assert len(k["facts"]) == 2
