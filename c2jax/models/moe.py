@@ -155,10 +155,10 @@ def split_experts(w_gate_EDF, w_up_EDF, w_down_EFD):
 
 @jax.tree_util.register_pytree_node_class
 class ShardedExperts:
-    """split_experts' buffers spread over a 1-D mesh of n host devices (expert-parallel decode on
-    CPU, where XLA runs one device's matmuls one after another: n devices stream n experts'
-    weights at once). slots[j] = (w_gate_up [n, D, 2F], w_down [n, F, D]) sharded on axis 0:
-    row d, on device d, is expert d * len(slots) + j."""
+    """Expert weights spread over a 1-D mesh of n host devices (expert-parallel decode on CPU,
+    where XLA runs one device's matmuls one after another: n devices stream n experts' weights
+    at once); built by shard_experts. slots[j] = (w_gate_up [n, D, 2F], w_down [n, F, D]),
+    sharded on axis 0: row d, on device d, is expert d * len(slots) + j."""
 
     def __init__(self, slots, mesh):
         self.slots, self.mesh = tuple(slots), mesh
@@ -171,18 +171,14 @@ class ShardedExperts:
         return cls(children[0], mesh)
 
 
-def shard_experts(experts, mesh) -> ShardedExperts:
-    """split_experts' per-expert buffers -> ShardedExperts over mesh (1-D; its size must divide
-    the expert count)."""
-    from jax.sharding import NamedSharding, PartitionSpec as P
-    n, E = mesh.size, len(experts)
-    if E % n:
-        raise ValueError(f"{E} experts cannot be split evenly over {n} decode devices")
-    per = E // n
-    spec = NamedSharding(mesh, P(mesh.axis_names[0]))
-    slots = [tuple(jax.device_put(jnp.stack([experts[d * per + j][i] for d in range(n)]), spec) for i in (0, 1))
-             for j in range(per)]
-    return ShardedExperts(slots, mesh)
+def shard_experts(w_gate_EDF, w_up_EDF, w_down_EFD, mesh) -> ShardedExperts:
+    """Stacked expert weights -> ShardedExperts laid out for a 1-D mesh whose size divides E (gate
+    and up concatenated, as split_experts does). Jit-friendly: the arrays are not placed; put
+    them on the mesh with P(axis) on their leading dim."""
+    n, (E, D, F) = mesh.size, w_gate_EDF.shape
+    wgu_nPD2F = jnp.concatenate([w_gate_EDF, w_up_EDF], axis=2).reshape(n, E // n, D, 2 * F)
+    wd_nPFD = w_down_EFD.reshape(n, E // n, F, D)
+    return ShardedExperts([(wgu_nPD2F[:, j], wd_nPFD[:, j]) for j in range(E // n)], mesh)
 
 
 def split_dispatch(x_TD, ids_TK, weights_TK, experts):

@@ -293,8 +293,8 @@ class Sampler:
     decode_devices (split decode only): split each decode step's weight reads over this many
     devices (on CPU, host devices: XLA_FLAGS=--xla_force_host_platform_device_count=n; one
     device's matmuls run one at a time on one core): experts, attention heads and the output
-    head (unrolled.split_params); cache and row state move to them for each decode chunk and
-    back for prefill. Same math as one device (float sums may differ in the last bits).
+    head (unrolled.split_params); cache and row state move to them for decoding and back to
+    the first device for prefill (only when the next call is the other kind). Same math as one device (float sums may differ in the last bits).
 
     Attributes: version (current policy version), prefill_tokens (tokens run through
     prefill, counted once per shared group), prefill_calls, decode_steps, generated_tokens,
@@ -323,6 +323,7 @@ class Sampler:
             raise ValueError(f"decode_devices={decode_devices} needs the split decode step (split_decode=True; "
                              f"not available for {why_not or 'split_decode=False'})")
         self._mesh = unrolled.decode_mesh(int(decode_devices))
+        self._on_mesh = False  # where cache and row state are (see _place)
         self._prefill, self._decode, self.num_moe_layers = _kernels(self.model_cfg.to_json(), self.S, self.B,
                                                                     self.split_decode)
         self.quant_scope = quant_scope if self.model_cfg.quant != "none" else "none"
@@ -492,6 +493,7 @@ class Sampler:
                 rows.append((k, i, g.rows[j], s, src, start, len(suffix)))
                 k += 1
         use_filter = any(g.req.top_k > 0 or g.req.top_p < 1.0 for g, *_ in batch)
+        self._place(on_mesh=False)
         with self._lock:
             params, version = self.params, self.version
         self.cache, self.state, (tok, lp, raw, code, experts) = self._prefill(
@@ -538,15 +540,9 @@ class Sampler:
         min_live = n_live if self._waiting else 0
         with self._lock:
             params, version = self._decode_params, self.version
-        cache, state = self.cache, self.state
-        if self._mesh is not None:  # decode over several devices (split_params): state replicated
-            cache = jax.device_put(cache, unrolled.cache_shardings(self.model_cfg, cache, self._mesh))
-            state = jax.device_put(state, NamedSharding(self._mesh, PartitionSpec()))
-        cache, state, n_steps, bufs = self._decode(params, cache, state, min_live, C=self.chunk,
-                                                   use_filter=use_filter)
-        if self._mesh is not None:
-            cache, state = jax.device_put((cache, state), self._mesh.devices.flat[0])
-        self.cache, self.state = cache, state
+        self._place(on_mesh=True)
+        self.cache, self.state, n_steps, bufs = self._decode(params, self.cache, self.state, min_live,
+                                                             C=self.chunk, use_filter=use_filter)
         # one batched transfer, sliced on the host (slicing on device would dispatch one op per
         # buffer and compile a new slice for every distinct n)
         n_steps, bufs = jax.device_get((n_steps, bufs))
@@ -581,6 +577,19 @@ class Sampler:
                 self._finish(row, s)
         return n
 
+    def _place(self, on_mesh: bool) -> None:
+        """With decode_devices > 1: cache and row state go to the decode mesh (cache by KV head,
+        state replicated) for decoding and back to the first device for prefill and host edits;
+        moved only when they are on the other side, so back-to-back decode chunks move nothing."""
+        if self._mesh is None or self._on_mesh == on_mesh:
+            return
+        if on_mesh:
+            self.cache = jax.device_put(self.cache, unrolled.cache_shardings(self.model_cfg, self.cache, self._mesh))
+            self.state = jax.device_put(self.state, NamedSharding(self._mesh, PartitionSpec()))
+        else:
+            self.cache, self.state = jax.device_put((self.cache, self.state), self._mesh.devices.flat[0])
+        self._on_mesh = on_mesh
+
     def _check_stop_strings(self, row, s):
         text_of = row.req.detokenize
         if not any(x in text_of(row.tokens) for x in row.req.stop_strings):
@@ -595,6 +604,7 @@ class Sampler:
         row.reason = "stop_string"
         # rewind the slot to just before the last kept token; the next chunk flushes that token
         pos_last = row.prompt_len + j - 1
+        self._place(on_mesh=False)
         self.slot_tokens[s] = self.slot_tokens[s][:pos_last]
         if self.slot_experts[s]:
             self.slot_experts[s] = [_cat(self.slot_experts[s])[:pos_last]]

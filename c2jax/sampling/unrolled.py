@@ -40,7 +40,7 @@ def supported(m) -> str | None:
 
 
 @functools.lru_cache(maxsize=8)
-def _splitter(model_json: str):
+def _splitter(model_json: str, mesh=None):
     import json
 
     import ml_collections
@@ -62,7 +62,8 @@ def _splitter(model_json: str):
                 p = jax.tree.map(lambda a: a[i], block)
                 if moe:
                     mp = dict(p["moe"])
-                    mp["experts"] = split_experts(*[mp.pop(k) for k in ("w_gate", "w_up", "w_down")])
+                    ws = [mp.pop(k) for k in ("w_gate", "w_up", "w_down")]
+                    mp["experts"] = split_experts(*ws) if mesh is None else shard_experts(*ws, mesh)
                     p = {**p, "moe": mp}
                 layers.append(p)
         out = {"embed": params["embed"].astype(dt), "final_norm": params["final_norm"], "layers": layers}
@@ -86,19 +87,19 @@ def split_params(m, params, mesh=None) -> dict:
     reason = supported(m)
     if reason:
         raise ValueError(f"split decode params do not support {reason}")
-    sp = _splitter(m.to_json())(params)
     if mesh is None or mesh.size == 1:
-        return sp
+        return _splitter(m.to_json())(params)
     n = mesh.size
     if not m.num_experts or m.num_experts % n:
         raise ValueError(f"decode over {n} devices needs a MoE model whose num_experts ({m.num_experts}) "
                          f"{n} divides")
-    experts = [lay["moe"].pop("experts") if "moe" in lay else None for lay in sp["layers"]]
     heads = _head_parallel(m, n)
     ax = mesh.axis_names[0]
 
     def spec(path, a):
         names = [getattr(k, "key", None) for k in path]
+        if "experts" in names:    # ShardedExperts slots: [n, ...], row d on device d
+            return P(ax)
         if heads and "attn" in names and names[-1] in ("kernel", "bias"):
             if {"q_proj", "k_proj", "v_proj"} & set(names):
                 return P(ax) if a.ndim == 1 else P(None, ax)
@@ -108,11 +109,8 @@ def split_params(m, params, mesh=None) -> dict:
             return P(None, ax)
         return P()
 
-    sp = jax.tree_util.tree_map_with_path(lambda p, a: jax.device_put(a, NamedSharding(mesh, spec(p, a))), sp)
-    for lay, ex in zip(sp["layers"], experts):
-        if ex is not None:
-            lay["moe"]["experts"] = shard_experts(ex, mesh)
-    return sp
+    sp = _splitter(m.to_json(), mesh)(params)
+    return jax.tree_util.tree_map_with_path(lambda p, a: jax.device_put(a, NamedSharding(mesh, spec(p, a))), sp)
 
 
 def _head_parallel(m, n: int) -> bool:

@@ -25,7 +25,7 @@ from c2jax.parallel.distributed import global_batch
 from c2jax.train.checkpoint import Checkpointer, StopFlag, abstract_like
 from c2jax.train.metrics import MetricsWriter, Progress, measured_matmul_peak
 from c2jax.train.optimizer import learning_rate_schedule, make_optimizer
-from c2jax.train.step import BATCH_KEYS, init_state, make_eval_step, make_train_step, state_shardings
+from c2jax.train.step import BATCH_KEYS, init_sharded_state, make_eval_step, make_train_step
 
 log = logging.getLogger(__name__)
 
@@ -144,9 +144,7 @@ def run_training(cfg, workdir: str) -> dict:
         p_sh = param_shardings(cfg, mesh)
         dsh = data_sharding(cfg, mesh)
         params = initial_params(cfg, p_sh)
-        abstract = jax.eval_shape(lambda p: init_state(cfg, optimizer, p, cfg.seed), params)
-        st_sh = state_shardings(cfg, optimizer, mesh, p_sh, abstract)
-        state = jax.jit(lambda p: init_state(cfg, optimizer, p, cfg.seed), out_shardings=st_sh)(params)
+        state, st_sh = init_sharded_state(cfg, optimizer, mesh, params, p_sh, cfg.seed)
         del params
         step_fn = make_train_step(cfg, optimizer, st_sh, dsh)
         eval_step = make_eval_step(cfg)

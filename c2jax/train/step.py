@@ -176,6 +176,15 @@ def init_state(cfg, optimizer, params, seed: int):
             "rng": jax.random.key_data(jax.random.key(seed))}
 
 
+def init_sharded_state(cfg, optimizer, mesh, params, param_shardings_tree, seed: int):
+    """The train state built from `params` (placed by param_shardings_tree) directly in its mesh
+    layout: (state, its shardings)."""
+    def make(p):
+        return init_state(cfg, optimizer, p, seed)
+    st_sh = state_shardings(cfg, optimizer, mesh, param_shardings_tree, jax.eval_shape(make, params))
+    return jax.jit(make, out_shardings=st_sh)(params), st_sh
+
+
 def state_shardings(cfg, optimizer, mesh, param_shardings_tree, abstract_state):
     """Shardings of the whole train state: each optimizer leaf whose key path ends with a param's
     path (and has its shape) follows that param (FSDP); everything else is replicated."""

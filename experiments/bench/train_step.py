@@ -95,7 +95,8 @@ def main(argv=None) -> int:
     from c2jax.models import flops_per_token, init_params, param_count
     from c2jax.train.metrics import measured_matmul_peak
     from c2jax.train.optimizer import make_optimizer
-    from c2jax.train.step import init_state, make_train_step
+    from c2jax.parallel import activate, data_sharding, make_mesh, param_shardings
+    from c2jax.train.step import init_sharded_state, make_train_step
 
     cfg = load_config_file(os.path.join(ROOT, "configs", "ablation.py") + ":l")
     apply_overrides(cfg, {**OVERRIDES, "train.batch_size": args.batch, "train.seq_len": args.seq})
@@ -108,23 +109,12 @@ def main(argv=None) -> int:
 
     peaks = [measured_matmul_peak()]
     optimizer = make_optimizer(cfg.train)
-    if jax.device_count() > 1:  # e.g. --xla-flags=--xla_force_host_platform_device_count=2: the trainer's mesh path
-        from c2jax.parallel import activate, data_sharding, make_mesh, param_shardings
-        from c2jax.train.step import state_shardings
-        mesh = make_mesh(cfg)
-        ctx = activate(cfg, mesh)
-        ctx.__enter__()
-        p_sh, dsh = param_shardings(cfg, mesh), data_sharding(cfg, mesh)
-        params = jax.jit(lambda k: init_params(cfg, k), out_shardings=p_sh)(jax.random.key(0))
-        abstract = jax.eval_shape(lambda p: init_state(cfg, optimizer, p, 0), params)
-        st_sh = state_shardings(cfg, optimizer, mesh, p_sh, abstract)
-        state = jax.jit(lambda p: init_state(cfg, optimizer, p, 0), out_shardings=st_sh)(params)
-        step = make_train_step(cfg, optimizer, st_sh, dsh)
-    else:
-        mesh, dsh = None, None
-        params = init_params(cfg, jax.random.key(0))
-        state = init_state(cfg, optimizer, params, seed=0)
-        step = make_train_step(cfg, optimizer)
+    # the trainer's layout (c2jax.train.loop): a mesh over every device (one here unless
+    # --xla-flags=--xla_force_host_platform_device_count=N), state and batch placed on it
+    mesh = make_mesh(cfg)
+    p_sh, dsh = param_shardings(cfg, mesh), data_sharding(cfg, mesh)
+    params = jax.jit(lambda k: init_params(cfg, k), out_shardings=p_sh)(jax.random.key(0))
+    state, st_sh = init_sharded_state(cfg, optimizer, mesh, params, p_sh, seed=0)
     del params
     rng = np.random.default_rng(0)
     ids = rng.integers(0, cfg.model.vocab_size, (args.batch, args.seq + 1)).astype(np.int32)
@@ -134,10 +124,10 @@ def main(argv=None) -> int:
              "segment_ids": jnp.ones((B, L), jnp.int32),
              "positions": jnp.broadcast_to(jnp.arange(L, dtype=jnp.int32), (B, L)),
              "loss_weights": jnp.asarray(w)}
-    if dsh is not None:
-        batch = jax.device_put(batch, dsh)
+    batch = jax.device_put(batch, dsh)
     t = time.perf_counter()
-    compiled = step.lower(state, batch).compile()
+    with activate(cfg, mesh):
+        compiled = make_train_step(cfg, optimizer, st_sh, dsh).lower(state, batch).compile()
     compile_s = time.perf_counter() - t
     losses = []
     for _ in range(args.warmup):
@@ -202,7 +192,7 @@ def main(argv=None) -> int:
         f"- peer step s: {', '.join(f'{x:.2f}' for p in peer_runs for x in p['step_s']) or peer_note}",
         f"- loss c2jax first/last {losses[0]:.4f} / {losses[-1]:.4f}"
         + (f"; peer {peer_runs[0]['loss_first']:.4f} / {peer_runs[-1]['loss_last']:.4f}" if peer_runs else ""),
-        f"- devices: {jax.device_count()} (mesh {dict(mesh.shape) if mesh is not None else 'none'})",
+        f"- devices: {jax.device_count()} (mesh {dict(mesh.shape)})",
         f"- XLA_FLAGS: `{os.environ.get('XLA_FLAGS', '')}`; extra overrides: {args.set or 'none'}; "
         f"load average (1m) at end {load:.1f} on {os.cpu_count()} CPUs (shared machine: compare ratios)",
     ]

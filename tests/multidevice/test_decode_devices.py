@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import PartitionSpec as P
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 import c2jax
 from c2jax.config import load_config
@@ -27,9 +27,9 @@ def test_sharded_split_dispatch_equals_one_device(n, T, skew):
     ids = jnp.asarray(ids, jnp.int32)
     wts = jnp.asarray(rng.uniform(0.1, 1.0, (T, K)), jnp.float32)
     ws = [jnp.asarray(0.3 * rng.standard_normal(s), jnp.float32) for s in ((E, D, F), (E, D, F), (E, F, D))]
-    experts = moe_lib.split_experts(*ws)
-    want, _ = jax.jit(moe_lib.split_dispatch)(x, ids, wts, experts)
-    sharded = moe_lib.shard_experts(experts, unrolled.decode_mesh(n))
+    want, _ = jax.jit(moe_lib.split_dispatch)(x, ids, wts, moe_lib.split_experts(*ws))
+    mesh = unrolled.decode_mesh(n)
+    sharded = jax.device_put(moe_lib.shard_experts(*ws, mesh), NamedSharding(mesh, P("decode")))
     assert len(sharded.slots) == E // n
     got, dropped = jax.jit(moe_lib.split_dispatch)(x, ids, wts, sharded)
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
@@ -45,6 +45,9 @@ def _generate(cfg, params, n, swap=None):
     if swap is not None:
         s.step_chunk()
         s.swap_params(swap, 1)
+        # a request arriving after decoding started: its prefill needs the cache back home
+        rids.append(s.submit(Request(rng.integers(0, cfg.model.vocab_size, 7).tolist(), max_new_tokens=8,
+                                     temperature=1.0, n=2, seed=9)))
     s.run_until_done()
     return s, [c for r in rids for c in s.results(r)]
 
@@ -59,13 +62,13 @@ def test_sampler_over_devices_matches_one_device(preset, n):
     new = jax.tree.map(lambda a: a * 1.05, params)
     _, want = _generate(cfg, params, 1, swap=new)
     s, got = _generate(cfg, params, n, swap=new)
-    assert len(got) == len(want) == 6
+    assert len(got) == len(want) == 8
     for a, b in zip(want, got):
         assert a.tokens == b.tokens and a.finish_reason == b.finish_reason
         np.testing.assert_array_equal(a.versions, b.versions)
         np.testing.assert_array_equal(a.expert_ids, b.expert_ids)
         np.testing.assert_allclose(a.logprobs, b.logprobs, atol=2e-5)
-    assert {int(v) for c in got for v in c.versions} == {0, 1}
+    assert {int(v) for c in got for v in c.versions} == {0, 1} and set(got[-1].versions) == {1}
     # the weights really are split: experts over the devices, GQA heads and the vocab too
     lay = s._decode_params["layers"][-1]
     assert isinstance(lay["moe"]["experts"], moe_lib.ShardedExperts)
@@ -74,8 +77,8 @@ def test_sampler_over_devices_matches_one_device(preset, n):
     if m.attention != "mla" and m.num_kv_heads % n == 0:
         assert lay["attn"]["q_proj"]["kernel"].sharding.spec == P(None, "decode")
         assert lay["attn"]["o_proj"]["kernel"].sharding.spec == P("decode", None)
-    # the host copy of the cache is back on one device for prefill
-    assert len(jax.tree.leaves(s.cache)[0].sharding.device_set) == 1
+    # after decoding the cache stays on the decode devices until a prefill needs it
+    assert len(jax.tree.leaves(s.cache)[0].sharding.device_set) == n
 
 
 def test_bad_decode_device_requests_fail_clearly():

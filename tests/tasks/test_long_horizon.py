@@ -74,7 +74,6 @@ def test_scripted_agent_plan_is_a_copy_of_the_listing_and_survives_a_summary():
     for i, name in enumerate(names):
         msg = cf.parse_assistant(pol.next_message(codec.encode(ctx + cf.assistant_prefix()), codec))
         assert msg.thinking == ("first:\n" if i == 0 else f"after:\n{names[i - 1]}\n") + name
-        assert msg.thinking.split(":\n", 1)[1] in "\n".join(names)   # lines of the listing
         assert [(c.name, c.arguments) for c in msg.calls] == [("read_file", {"path": f"settings/{name}"})]
         ctx += cf.assistant_prefix() + cf.render_assistant(calls=[{"name": "read_file", "arguments": {
             "path": f"settings/{name}"}}], thinking=msg.thinking)
