@@ -24,7 +24,8 @@ Policies:
                  1. CPT of configs/tiny.py on the stdlib corpus (or --init-from a CPT run dir)
                  2. SFT (train.stage="sft") on the scripted agent's self-summarizing chains on
                     train-split long_horizon_small tasks, half at each trigger, one JSONL record
-                    per segment (c2jax.agent.summarize.write_chain_transcripts)
+                    per segment (c2jax.agent.summarize.write_chain_transcripts); --sft-full N of
+                    them in full context instead (the reference's behaviour, window --full-window)
                  3. RL (c2jax.rl.loop.run_rl) with rl.summary_method="self" at the small trigger
                  4. the eight-method comparison on held-out tasks with the RL model
                --copy-steps N: before SFT, N steps on random-token repeats (an induction
@@ -33,8 +34,9 @@ Policies:
                I induction records into the SFT data so the copying skill is kept. See
                results/self_summary/README.md for what each did.
                Sizes (BPE tokens of the CPT tokenizer): 5 modules x 200 chars (full episode
-               ~1.9k tokens), window 1536, triggers 768 / 384, full reference 2047 (the model's
-               positions). --quick: a few-minute version (fewer steps and tasks).
+               ~1.9k tokens), window 1536, triggers 896 / 448 (a restart prefix plus the
+               re-listing is ~400 tokens, so 448 still leaves room for one read per segment), full
+               reference 2047 (the model's positions). --quick: a few-minute version (fewer steps and tasks).
 
 Metrics add "value recall": the fraction of LEGACY values right in the final registry.py, from the
 hidden test's per-constant report (the verifier's partial credit, uncapped; 1.0 when an episode passes).
@@ -177,25 +179,44 @@ def train_pipeline(args) -> dict:
 
 
 def _write_transcripts(args, tokenizer, path, stats) -> None:
-    """The scripted agent's self-summarizing chains, half of the train tasks at each trigger."""
+    """The scripted agent's chains: --sft-full of the train tasks in full context (window
+    --full-window, no trigger: the reference the compaction error is measured against), the rest
+    self-summarizing, half at each trigger."""
     from c2jax.agent.sandbox import Sandbox
     tasks = lh.load("train", args.sft_tasks or (24 if args.quick else 96), args.seed, n_files=args.n_files,
                     file_chars=args.file_chars)
     base = EpisodeConfig(max_turns=args.max_turns, max_new_tokens=args.max_summary_tokens, max_total_tokens=20_000,
                          list_tools_in_system=False, system_prompt=SYSTEM_PROMPT, max_context_tokens=args.window)
     stats["transcripts"] = {}
-    half = len(tasks) // 2
+    n_full = min(args.sft_full, len(tasks))
+    rest = tasks[n_full:]
+    half = len(rest) // 2
+    parts = [(args.triggers[0], rest[:half]), (args.triggers[1], rest[half:])]
+    if n_full:
+        parts.append(("full", tasks[:n_full]))
     with open(path, "w"):
         pass
-    for trig, part in ((args.triggers[0], tasks[:half]), (args.triggers[1], tasks[half:])):
-        cfg = sm.summary_episode_config(base, sm.SummaryConfig("self", trigger_tokens=trig, max_summaries=args.max_summaries,
-                                                               max_summary_tokens=args.max_summary_tokens))
+    for trig, part in parts:
+        if trig == "full":
+            cfg = sm.summary_episode_config(dataclasses.replace(base, max_context_tokens=args.full_window),
+                                            sm.SummaryConfig("none"))
+        else:
+            cfg = sm.summary_episode_config(base, sm.SummaryConfig("self", trigger_tokens=trig,
+                                                                   max_summaries=args.max_summaries,
+                                                                   max_summary_tokens=args.max_summary_tokens))
         tmp = path + f".{trig}"
         stats["transcripts"][trig] = sm.write_chain_transcripts(part, lh.make_long_horizon_policy, tokenizer, tmp, cfg,
                                                                 Sandbox())
         with open(path, "a") as f, open(tmp) as g:
             f.write(g.read())
         os.remove(tmp)
+
+
+def _sft_seq_len(args) -> int:
+    """Rows long enough for every transcript: the window, or the full-context reference's."""
+    if args.sft_full:
+        return max(args.window, args.full_window + 1)
+    return args.window
 
 
 def _cpt_and_sft(args, out, stats, t0) -> str:
@@ -260,7 +281,7 @@ def _cpt_and_sft(args, out, stats, t0) -> str:
     sft_dir = os.path.join(out, "sft")
     run_training(load_config("configs/stages/sft.py:tiny", [
         f"--config.train.init_from={start_dir}", f"--config.data.sft_path={path}",
-        f"--config.train.seq_len={args.window}", "--config.train.batch_size=4",
+        f"--config.train.seq_len={_sft_seq_len(args)}", "--config.train.batch_size=4",
         f"--config.train.steps={args.sft_steps or (40 if q else 160)}",
         f"--config.train.lr={args.sft_lr or (1e-3 if path != transcripts else 2e-3)}",
         "--config.train.eval_every=0", "--config.train.checkpoint_every=1000"]), sft_dir)
@@ -313,6 +334,8 @@ def main(argv=None):
     ap.add_argument("--init-from", default=None, help="with --train: a CPT run dir to start from (skips CPT)")
     ap.add_argument("--sft-from", default=None, help="with --train: an SFT run dir (skips CPT and SFT)")
     ap.add_argument("--sft-tasks", type=int, default=0)
+    ap.add_argument("--sft-full", type=int, default=0,
+                    help="with --train: this many of the --sft-tasks transcribed in full context (needs --full-window)")
     ap.add_argument("--sft-data", default=None, help="with --train: reuse this transcripts JSONL (skip writing it)")
     ap.add_argument("--copy-steps", type=int, default=0,
                     help="with --train: steps of the copy curriculum before SFT (0: none; c2jax.data.copy_curriculum)")
@@ -331,14 +354,16 @@ def main(argv=None):
     ap.add_argument("--out", default=OUT)
     args = ap.parse_args(argv)
     if args.train:  # the tiny model's sizes (BPE tokens): full episodes ~1.9k tokens, window 1536
-        for k, v in {"n_files": (10, 5), "file_chars": (900, 200), "triggers": ([4096, 2048], [768, 384]),
+        for k, v in {"n_files": (10, 5), "file_chars": (900, 200), "triggers": ([4096, 2048], [896, 448]),
                      "window": (8192, 1536), "max_summaries": (16, 8), "max_summary_tokens": (2048, 256),
-                     "max_turns": (60, 14), "full_window": (None, 2047),
+                     "max_turns": (60, 16), "full_window": (None, 2047),
                      "n_tasks": (20, 6 if args.quick else 16)}.items():
             if getattr(args, k) == v[0]:
                 setattr(args, k, v[1])
         if args.out == OUT:
             args.out = os.path.join(OUT, "trained")
+    if args.sft_full and not args.full_window:
+        ap.error("--sft-full needs --full-window (the full-context reference's window)")
     if args.triggers[0] != 2 * args.triggers[1]:
         print(f"note: triggers {args.triggers} are not in a 2:1 ratio")
     os.makedirs(args.out, exist_ok=True)

@@ -8,8 +8,8 @@ a model turn once the current segment holds >= context_trigger_tokens tokens):
               are model tokens of the current segment (trained with the chain's reward). The
               context then restarts as
                   system + task + <|summary|>summary<|/summary|> + carried state + <|assistant|>
-              where the carried state is the plan, the remaining to-dos (PLAN:/TODO: lines of
-              the summary, else the previous ones) and the number of summaries so far.
+              where the carried state is the number of summaries so far and, when this summary
+              has no PLAN:/TODO: lines, the plan and remaining to-dos of the last one that had.
               With a HarnessSampler the summary is decoded on top of the live KV cache (only the
               query is prefilled), and after the restart only what follows the shared
               system + task prefix is prefilled.
@@ -88,12 +88,15 @@ class CarriedState:
     todos: list[str] = dataclasses.field(default_factory=list)
     num_summaries: int = 0
 
-    def render(self, max_summaries: int | None = None) -> str:
+    def render(self, max_summaries: int | None = None, summary: str = "") -> str:
+        """The restart note; the plan and to-dos only where `summary` does not already state them
+        (they were carried from an earlier summary): repeating them would spend context for nothing."""
         of = f" of at most {max_summaries}" if max_summaries else ""
         lines = [f"{RESTART_NOTE} Summaries so far: {self.num_summaries}{of}."]
-        if self.plan:
+        stated_plan, stated_todos = parse_plan_todos(summary)
+        if self.plan and self.plan != stated_plan:
             lines.append(f"Plan: {self.plan}")
-        if self.todos:
+        if self.todos and self.todos != stated_todos:
             lines.append("Remaining to-dos:\n" + "\n".join(f"- {t}" for t in self.todos))
         return "\n".join(lines)
 
@@ -123,7 +126,7 @@ def extract_summary(text: str) -> tuple[str, str]:
 def restart_prefix(state, summary: str, carried: CarriedState, max_summaries: int | None) -> str:
     """system + task + summary + carried state + assistant prefix, as environment text."""
     return (cf.render_system(state.system_text) + cf.render_user(state.task.prompt)
-            + cf.render_summary(summary) + cf.render_user(carried.render(max_summaries))
+            + cf.render_summary(summary) + cf.render_user(carried.render(max_summaries, summary))
             + cf.assistant_prefix())
 
 

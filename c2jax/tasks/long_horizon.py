@@ -19,8 +19,9 @@ Also here: `LongHorizonPolicy`, a deterministic scripted agent for these tasks t
 read the modules one per turn in listing order (each turn's think is two lines of the listing,
 the module read last and the one after it: `after:\nbeacon.py\ncobalt.py`; `first:\nalpha.py`),
 write registry.py from the LEGACY values it can see, answer.
-Asked for a self-summary (the SUMMARIZE_QUERY), it writes files (the listing, one name per line)
-/ read up to (the last module read) / found (the LEGACY source lines verbatim) / PLAN / TODO lines; given a prompt-based compaction request, it acts as a generic query-focused extractive
+Asked for a self-summary (the SUMMARIZE_QUERY), it writes read up to (the last module read) / found
+(the LEGACY source lines verbatim, in reading order) / one TODO line, and after the restart lists
+settings/ again to read on after that module; given a prompt-based compaction request, it acts as a generic query-focused extractive
 compactor (keeps the task, the previous summary, every call, each tool output's header and the
 output lines that name an identifier of the task prompt; lines deduplicated).
 
@@ -157,9 +158,8 @@ _register()
 _FACT_RE = re.compile(r"\b(LEGACY_[A-Z0-9_]+) ?= ?(-?\d+)")
 _SPECIAL_RE = re.compile(r"<\|/?[a-z_]+\|>")
 _READ_HEAD_RE = re.compile(r"^(settings/[A-Za-z0-9_]+\.py) \((?:lines \d+-\d+ of \d+|empty)\)", re.M)
-# a summary's "files:" (the listing, one name per line) and "read up to:" (the last module read);
-# matched on the text with special tokens turned into line breaks
-_FILES_RE = re.compile(r"^files:\n((?:[A-Za-z0-9_]+\.py$\n?)+)", re.M)
+# a summary's "read up to:" line (the last module read), matched on the text with special tokens
+# turned into line breaks
 _CURSOR_RE = re.compile(r"^read up to:\n([A-Za-z0-9_]+\.py)$", re.M)
 
 
@@ -211,18 +211,19 @@ class LongHorizonPolicy:
             elif s.startswith("status: registry.py written") or "(ok): wrote registry.py" in s:
                 written = True
         plain = _SPECIAL_RE.sub("\n", text)
-        for body in _FILES_RE.findall(plain):   # a summary's copy of the listing
-            files |= {f"settings/{n}" for n in body.split()}
-        for name in _CURSOR_RE.findall(plain):   # modules are read in listing order: all up to it
-            read |= {f for f in files if f <= f"settings/{name}"}
-        facts = dict(_FACT_RE.findall(text))
+        cursors = _CURSOR_RE.findall(plain)   # a summary's "read up to:" (modules are read in listing order)
+        if cursors:
+            read |= {f for f in files if f <= f"settings/{cursors[-1]}"}
+        facts = dict(_FACT_RE.findall(text))   # in the order the context shows them
         return {"files": sorted(files), "read": sorted(read & files) if files else sorted(read),
-                "facts": {k: int(v) for k, v in facts.items()}, "written": written}
+                "facts": {k: int(v) for k, v in facts.items()}, "written": written,
+                "cursor": cursors[-1] if cursors else None}
 
     @staticmethod
     def last_read(k: dict) -> str | None:
-        """The module read last (they are read in listing order), as the listing spells it."""
-        return os.path.basename(k["read"][-1]) if k["read"] else None
+        """The module read last (they are read in listing order), as the listing spells it; before
+        the listing is back in view after a restart, the summary's read up to: name."""
+        return os.path.basename(k["read"][-1]) if k["read"] else k.get("cursor")
 
     @staticmethod
     def plan(k: dict) -> list[str]:
@@ -261,7 +262,7 @@ class LongHorizonPolicy:
         # short line per constant (a dict by name, or a think here, outgrew the tiny setting's 256
         # new tokens).
         content = ('"""Legacy constants, collected in one place."""\n\n'
-                   + "".join(f"{n} = {k['facts'][n]}\n" for n in sorted(k["facts"]))
+                   + "".join(f"{n} = {v}\n" for n, v in k["facts"].items())
                    + "\n" + REGISTRY_LINE + "\n\n\ndef total():\n    return sum(REGISTRY.values())\n")
         return cf.render_assistant(calls=[{"name": "write_file", "arguments": {"path": "registry.py",
                                                                                 "content": content}}])
@@ -270,18 +271,18 @@ class LongHorizonPolicy:
         from c2jax import special_tokens as st
         k = self.knowledge(text)
         plan, last = self.plan(k), self.last_read(k)
-        lines = ["files:", *map(os.path.basename, k["files"])] if k["files"] else ["files: not listed yet"]
-        if last:
-            lines += ["read up to:", last]
-        lines += ["found:", *(f"{n} = {v}" for n, v in sorted(k["facts"].items()))]  # the source lines verbatim
+        # No copy of the listing: after the restart the agent lists settings/ again (one short call)
+        # and reads on from the line after `read up to:`; found: keeps the source lines in the
+        # order they were read, so it is the previous summary's block plus the new lines.
+        lines = ["read up to:", last] if last else []
+        lines += ["found:", *(f"{n} = {v}" for n, v in k["facts"].items())]
         if k["written"]:
             lines.append("status: registry.py written")
-        lines.append("PLAN: read each module, then write REGISTRY")
-        if len(plan) > 1:
-            lines.append("TODO: read the files after the one read up to")
-        if not k["written"]:
+        elif len(plan) > 1 or not k["files"]:
+            lines.append("TODO: list settings/, read the modules after it, write registry.py")
+        else:
             lines.append("TODO: write registry.py")
-        think = "Keep files, what I read, the LEGACY values."
+        think = "Keep what I read up to and the LEGACY values."
         return f"{st.THINK}{think}{st.END_THINK}{st.SUMMARY}" + "\n".join(lines) + f"{st.END_SUMMARY}{st.END_TURN}"
 
     def compaction(self, text: str) -> str:

@@ -76,14 +76,16 @@ def test_summary_decode_reuses_live_cache():
 # ------------------------------------------------------------------- restart / carried state
 def test_self_summary_restart_context_and_carried_state():
     summary = "found: x=3\nPLAN: fix add\nTODO: edit calc.py\nTODO: answer"
-    msgs = [f"{st.THINK}short{st.END_THINK}{st.SUMMARY}{summary}{st.END_SUMMARY}{st.END_TURN}"]
+    msgs = [f"{st.THINK}short{st.END_THINK}{st.SUMMARY}{summary}{st.END_SUMMARY}{st.END_TURN}",
+            f"{st.SUMMARY}found: x=3, y=4{st.END_SUMMARY}{st.END_TURN}"]
     state = _state(ScriptedPolicy(msgs))
     state.append_env("x" * 50)
-    sm.ContextHook(sm.SummaryConfig("self", trigger_tokens=10, max_summaries=3))(state)
+    hook = sm.ContextHook(sm.SummaryConfig("self", trigger_tokens=10, max_summaries=3))
+    hook(state)
     text = TOK.decode(state.tokens)
     assert text.startswith(cf.render_system("S") + cf.render_user(state.task.prompt) + cf.render_summary(summary))
-    assert "Summaries so far: 1 of at most 3." in text and "Plan: fix add" in text
-    assert "- edit calc.py\n- answer" in text and text.endswith(cf.assistant_prefix())
+    assert "Summaries so far: 1 of at most 3." in text and text.endswith(cf.assistant_prefix())
+    assert "Plan:" not in text and "Remaining to-dos" not in text   # the summary states them already
     assert not state.mask.count(True)                      # the new context is all environment
     seg0 = state.segments[0]
     assert TOK.decode(seg0.tokens_T[seg0.loss_mask_T]) == msgs[0]
@@ -92,6 +94,11 @@ def test_self_summary_restart_context_and_carried_state():
     assert state.stats["summary_thinking_tokens"] == len(TOK.encode("short"))
     c = state.extra["carried"]
     assert (c.plan, c.todos, c.num_summaries) == ("fix add", ["edit calc.py", "answer"], 1)
+    state.append_env("y" * 50)
+    hook(state)   # a summary without PLAN:/TODO: lines: the earlier ones are carried into the restart
+    text = TOK.decode(state.tokens)
+    assert "Summaries so far: 2 of at most 3." in text and "Plan: fix add" in text
+    assert "- edit calc.py\n- answer" in text and text.endswith(cf.assistant_prefix())
 
 
 def test_summary_budget_and_plain_text_fallback():

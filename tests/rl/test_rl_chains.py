@@ -82,7 +82,7 @@ def test_chain_split_context_and_mask():
     n1 = len(TOK.encode(prefix1))
     assert texts[1].startswith(prefix1) and not seqs[1].loss_mask_T[:n1].any()
     assert model[1] == TURN + SUMMARY_2
-    assert "Summaries so far: 1 of at most 8" in texts[1] and "- fix b" in texts[1]
+    assert "Summaries so far: 1 of at most 8" in texts[1] and "TODO: fix b" in texts[1]
     # segment 2: restarted from the second summary; earlier tool output is gone
     assert texts[2].startswith(head + cf.render_summary("found a=1 b=2"))
     assert model[2] == cf.render_assistant("done") and "a = 1\n" not in texts[2]

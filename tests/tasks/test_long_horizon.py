@@ -61,16 +61,18 @@ def test_reference_passes_and_bad_outcomes_fail():
 
 def test_scripted_agent_plan_is_a_copy_of_the_listing_and_survives_a_summary():
     """Each read turn thinks two lines of the listing, 'after:\\n<last read>\\n<this file>' ('first:\\n
-    <file>' at the start), names spelled as the listing spells them; a self-summary's files: list
-    (the listing) and read up to: line give the same knowledge back."""
+    <file>' at the start), names spelled as the listing spells them; a self-summary keeps only
+    read up to: and the found lines (in reading order), and after the restart the agent lists
+    settings/ again and reads on after that module."""
     from c2jax.agent import chat_format as cf
     task = long_horizon.load("train", 1, seed=4, n_files=4, file_chars=200)[0]
     pol = long_horizon.LongHorizonPolicy(task)
     names = [m.split("/")[1] for m in task.metadata["modules"]]
     codec = cf.as_codec(None)
+    list_call = cf.render_assistant(calls=[{"name": "list_dir", "arguments": {"path": "settings"}}])
     listing = cf.render_tool_result(0, "list_dir", True, "\n".join(["__init__.py", *names]))
-    ctx = cf.render_system("s") + cf.render_user(task.prompt) + cf.assistant_prefix()
-    ctx += cf.render_assistant(calls=[{"name": "list_dir", "arguments": {"path": "settings"}}]) + listing
+    ctx = cf.render_system("s") + cf.render_user(task.prompt) + cf.assistant_prefix() + list_call + listing
+    order = []
     for i, name in enumerate(names):
         msg = cf.parse_assistant(pol.next_message(codec.encode(ctx + cf.assistant_prefix()), codec))
         assert msg.thinking == ("first:\n" if i == 0 else f"after:\n{names[i - 1]}\n") + name
@@ -79,13 +81,19 @@ def test_scripted_agent_plan_is_a_copy_of_the_listing_and_survives_a_summary():
             "path": f"settings/{name}"}}], thinking=msg.thinking)
         src = task.files[f"settings/{name}"]
         ctx += cf.render_tool_result(0, "read_file", True, f"settings/{name} (lines 1-9 of 9)\n{src}")
+        order += [n for n, _ in long_horizon._FACT_RE.findall(src)]
         if i == 1:  # summarize here, then continue from the summary alone
             summary = pol.self_summary(ctx)
-            assert "files:\n" + "\n".join(names) + f"\nread up to:\n{names[1]}\nfound:" in summary
-            k = pol.knowledge(cf.render_system("s") + cf.render_user(task.prompt) + summary)
-            assert k["files"] == task.metadata["modules"] and k["read"] == task.metadata["modules"][:2]
-            assert len(k["facts"]) == 2
+            found = "\n".join(f"{n} = {task.metadata['facts'][n]}" for n in order)
+            assert f"<|summary|>read up to:\n{names[1]}\nfound:\n{found}\n" in summary
+            assert "files:" not in summary and names[2] not in summary
             ctx = cf.render_system("s") + cf.render_user(task.prompt) + summary + cf.render_user("continue")
+            k = pol.knowledge(ctx)
+            assert k["files"] == [] and k["cursor"] == names[1] and list(k["facts"]) == order
+            relist = cf.parse_assistant(pol.next_message(codec.encode(ctx + cf.assistant_prefix()), codec))
+            assert [(c.name, c.arguments) for c in relist.calls] == [("list_dir", {"path": "settings"})]
+            ctx += cf.assistant_prefix() + list_call + listing
+            assert pol.knowledge(ctx)["read"] == task.metadata["modules"][:2]
     final = cf.parse_assistant(pol.next_message(codec.encode(ctx + cf.assistant_prefix()), codec))
     assert not final.thinking and [c.name for c in final.calls] == ["write_file"]
     content = final.calls[0].arguments["content"]
