@@ -34,7 +34,7 @@ def test_write_chain_transcripts_one_record_per_segment(tmp_path):
     for rec, (ids, mask) in zip(recs, chats):
         model_text = TOK.decode([t for t, m in zip(ids, mask) if m])
         if rec["chain_index"] < rec["chain_length"] - 1:
-            assert st.SUMMARY in model_text and "PLAN:" in model_text
+            assert st.SUMMARY in model_text and "TODO:" in model_text
             assert TOK.decode(ids).endswith(st.END_SUMMARY + st.END_TURN)
         if rec["chain_index"] > 0:
             assert not mask[0] and st.SUMMARY in TOK.decode([t for t, m in zip(ids, mask) if not m])
