@@ -323,7 +323,6 @@ class Sampler:
             raise ValueError(f"decode_devices={decode_devices} needs the split decode step (split_decode=True; "
                              f"not available for {why_not or 'split_decode=False'})")
         self._mesh = unrolled.decode_mesh(int(decode_devices))
-        self._on_mesh = False  # where cache and row state are (see _place)
         self._prefill, self._decode, self.num_moe_layers = _kernels(self.model_cfg.to_json(), self.S, self.B,
                                                                     self.split_decode)
         self.quant_scope = quant_scope if self.model_cfg.quant != "none" else "none"
@@ -579,16 +578,15 @@ class Sampler:
 
     def _place(self, on_mesh: bool) -> None:
         """With decode_devices > 1: cache and row state go to the decode mesh (cache by KV head,
-        state replicated) for decoding and back to the first device for prefill and host edits;
-        moved only when they are on the other side, so back-to-back decode chunks move nothing."""
-        if self._mesh is None or self._on_mesh == on_mesh:
+        state replicated) for decoding and back to the first device for prefill; moved only when
+        they are on the other side (read off the arrays), so back-to-back decode chunks move nothing."""
+        if self._mesh is None or (len(self.state.pos.sharding.device_set) > 1) == on_mesh:
             return
         if on_mesh:
             self.cache = jax.device_put(self.cache, unrolled.cache_shardings(self.model_cfg, self.cache, self._mesh))
             self.state = jax.device_put(self.state, NamedSharding(self._mesh, PartitionSpec()))
         else:
             self.cache, self.state = jax.device_put((self.cache, self.state), self._mesh.devices.flat[0])
-        self._on_mesh = on_mesh
 
     def _check_stop_strings(self, row, s):
         text_of = row.req.detokenize
@@ -604,11 +602,10 @@ class Sampler:
         row.reason = "stop_string"
         # rewind the slot to just before the last kept token; the next chunk flushes that token
         pos_last = row.prompt_len + j - 1
-        self._place(on_mesh=False)
         self.slot_tokens[s] = self.slot_tokens[s][:pos_last]
         if self.slot_experts[s]:
             self.slot_experts[s] = [_cat(self.slot_experts[s])[:pos_last]]
-        st = self.state
+        st = self.state   # edited where it lies (on the decode mesh: replicated); the cache is untouched
         self.state = st._replace(cur=st.cur.at[s].set(row.tokens[-1]), pos=st.pos.at[s].set(pos_last),
                                  live=st.live.at[s].set(True), done=st.done.at[s].set(True))
 

@@ -42,6 +42,9 @@ def _generate(cfg, params, n, swap=None):
     rng = np.random.default_rng(0)
     rids = [s.submit(Request(rng.integers(0, cfg.model.vocab_size, 5 + 3 * i).tolist(), max_new_tokens=16,
                              temperature=t, n=2, seed=7)) for i, t in enumerate((0.0, 1.0, 0.7))]
+    # stop strings rewind a row's state between decode chunks, where it lies (on the decode mesh)
+    rids.append(s.submit(Request(rng.integers(0, cfg.model.vocab_size, 6).tolist(), max_new_tokens=16, temperature=1.0,
+                                 n=4, seed=3, stop_strings=["ab"], detokenize=lambda ids: "".join("abcd"[t % 4] for t in ids))))
     if swap is not None:
         s.step_chunk()
         s.swap_params(swap, 1)
@@ -62,13 +65,14 @@ def test_sampler_over_devices_matches_one_device(preset, n):
     new = jax.tree.map(lambda a: a * 1.05, params)
     _, want = _generate(cfg, params, 1, swap=new)
     s, got = _generate(cfg, params, n, swap=new)
-    assert len(got) == len(want) == 8
+    assert len(got) == len(want) == 12 and "stop_string" in {c.finish_reason for c in want}
     for a, b in zip(want, got):
         assert a.tokens == b.tokens and a.finish_reason == b.finish_reason
         np.testing.assert_array_equal(a.versions, b.versions)
         np.testing.assert_array_equal(a.expert_ids, b.expert_ids)
         np.testing.assert_allclose(a.logprobs, b.logprobs, atol=2e-5)
     assert {int(v) for c in got for v in c.versions} == {0, 1} and set(got[-1].versions) == {1}
+    assert all("ab" not in "".join("abcd"[t % 4] for t in c.tokens[:-1]) for c in got[6:10])
     # the weights really are split: experts over the devices, GQA heads and the vocab too
     lay = s._decode_params["layers"][-1]
     assert isinstance(lay["moe"]["experts"], moe_lib.ShardedExperts)
