@@ -188,22 +188,21 @@ def _write_transcripts(args, tokenizer, path, stats) -> None:
     base = EpisodeConfig(max_turns=args.max_turns, max_new_tokens=args.max_summary_tokens, max_total_tokens=20_000,
                          list_tools_in_system=False, system_prompt=SYSTEM_PROMPT, max_context_tokens=args.window)
     stats["transcripts"] = {}
+
+    def self_cfg(trig):
+        return sm.summary_episode_config(base, sm.SummaryConfig("self", trigger_tokens=trig, max_summaries=args.max_summaries,
+                                                                max_summary_tokens=args.max_summary_tokens))
     n_full = min(args.sft_full, len(tasks))
     rest = tasks[n_full:]
     half = len(rest) // 2
-    parts = [(args.triggers[0], rest[:half]), (args.triggers[1], rest[half:])]
+    parts = [(args.triggers[0], self_cfg(args.triggers[0]), rest[:half]),
+             (args.triggers[1], self_cfg(args.triggers[1]), rest[half:])]
     if n_full:
-        parts.append(("full", tasks[:n_full]))
+        full = dataclasses.replace(base, max_context_tokens=args.full_window)
+        parts.append(("full", sm.summary_episode_config(full, sm.SummaryConfig("none")), tasks[:n_full]))
     with open(path, "w"):
         pass
-    for trig, part in parts:
-        if trig == "full":
-            cfg = sm.summary_episode_config(dataclasses.replace(base, max_context_tokens=args.full_window),
-                                            sm.SummaryConfig("none"))
-        else:
-            cfg = sm.summary_episode_config(base, sm.SummaryConfig("self", trigger_tokens=trig,
-                                                                   max_summaries=args.max_summaries,
-                                                                   max_summary_tokens=args.max_summary_tokens))
+    for trig, cfg, part in parts:
         tmp = path + f".{trig}"
         stats["transcripts"][trig] = sm.write_chain_transcripts(part, lh.make_long_horizon_policy, tokenizer, tmp, cfg,
                                                                 Sandbox())

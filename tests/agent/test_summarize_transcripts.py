@@ -51,3 +51,24 @@ def test_compaction_context_fits_the_window():
     assert "line 0:" not in text   # the oldest text is dropped first
     with pytest.raises(ValueError, match="does not fit the context window of 50"):
         sm.compaction_context(CODEC, transcript, window=50, room=10)
+
+
+@pytest.mark.skipif(bool(NO_SANDBOX), reason=NO_SANDBOX or "")
+def test_self_summary_experiment_sft_data_has_full_context_chains(tmp_path):
+    """experiments/self_summary.py --sft-full: that many train tasks transcribed in full context (one
+    segment, no summary, longer than the summarized chains' window), the rest summarized at both
+    triggers; SFT rows then fit the full window."""
+    import types
+
+    from experiments import self_summary as ss
+    args = types.SimpleNamespace(sft_tasks=6, sft_full=2, quick=False, seed=0, n_files=4, file_chars=300, max_turns=20,
+                                 max_summary_tokens=1024, window=3200, triggers=[1600, 800], max_summaries=8,
+                                 full_window=8000)
+    stats, path = {}, str(tmp_path / "sft.jsonl")
+    ss._write_transcripts(args, TOK, path, stats)
+    t = stats["transcripts"]
+    assert {k: v["kept"] for k, v in t.items()} == {1600: 2, 800: 2, "full": 2}
+    assert t["full"]["segments"] == 2 and t["full"]["summaries"] == 0 and t["full"]["max_segment_tokens"] > 3200
+    assert t[800]["summaries"] > t[1600]["summaries"] > 0
+    assert len(open(path).readlines()) == sum(v["segments"] for v in t.values())
+    assert ss._sft_seq_len(args) == 8001 and ss._sft_seq_len(types.SimpleNamespace(**{**vars(args), "sft_full": 0})) == 3200
