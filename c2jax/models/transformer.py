@@ -127,7 +127,9 @@ class Transformer(nn.Module):
     cfg: Any
 
     @nn.compact
-    def __call__(self, tokens_BL, positions_BL, segment_ids_BL, forced_ids_NBLK=None, cache=None):
+    def __call__(self, tokens_BL, positions_BL, segment_ids_BL, forced_ids_NBLK=None, cache=None, head=True):
+        """(logits f32 [B, L, V], aux, cache); with head=False the final-normed hidden states
+        [B, L, D] in place of the logits (and no MTP heads): the trainer's fused head + loss."""
         m = self.cfg
         dt, pdt = dtype_of(m.dtype), dtype_of(m.param_dtype)
         embed = self.param("embed", nn.with_logical_partitioning(nn.initializers.normal(m.init_std),
@@ -150,6 +152,8 @@ class Transformer(nn.Module):
         hidden_BLD = x
         self.sow("intermediates", "hidden", hidden_BLD)  # read by speculative decoding (MTP drafts)
         final_norm = RMSNorm(m.rms_norm_eps, "embed", pdt, name="final_norm")
+        if not head:
+            return final_norm(hidden_BLD), aux, None
         head = None if m.tie_embeddings else Linear(m.vocab_size, ("embed", "vocab"), dtype=dt,
                                                     param_dtype=pdt, init_std=m.init_std, name="lm_head")
 
@@ -231,6 +235,24 @@ def forward(cfg, params, tokens_BL, positions_BL=None, segment_ids_BL=None, *,
     if return_aux:
         return ForwardOutput(logits, aux)
     return logits
+
+
+def forward_hidden(cfg, params, tokens_BL, positions_BL=None, segment_ids_BL=None, *, forced_expert_ids=None):
+    """ForwardOutput with the final-normed hidden states [B, L, D] in place of the logits (no MTP
+    heads): for losses that apply the output head themselves (c2jax.train.head_loss)."""
+    m = model_cfg(cfg)
+    tokens_BL = jnp.asarray(tokens_BL, jnp.int32)
+    positions_BL, segment_ids_BL = _defaults(tokens_BL, positions_BL, segment_ids_BL)
+    hidden, aux, _ = Transformer(m).apply({"params": params}, tokens_BL, positions_BL, segment_ids_BL,
+                                          forced_expert_ids, cache={}, head=False)
+    return ForwardOutput(hidden, aux)
+
+
+def head_weight(cfg, params):
+    """(w, tied): the output head's weight, lm_head [D, V] or the tied embedding [V, D]."""
+    if model_cfg(cfg).tie_embeddings:
+        return params["embed"], True
+    return params["lm_head"]["kernel"], False
 
 
 def init_cache(cfg, batch: int, max_len: int, dtype=None) -> dict:

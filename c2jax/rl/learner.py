@@ -29,13 +29,12 @@ import ml_collections
 import numpy as np
 import optax
 
-from c2jax.models import forward
 from c2jax.models.moe import make_dropless
 from c2jax.models.transformer import layer_counts, model_cfg
 from c2jax.rl.advantages import apply_kl_penalty, broadcast_advantages
 from c2jax.rl.losses import _masked_p99, loss_token_count, policy_loss
 from c2jax.train.optimizer import make_optimizer
-from c2jax.train.step import _tree_all_finite, init_state, token_nll
+from c2jax.train.step import _tree_all_finite, forward_nll, init_state
 
 
 def learner_cfg(cfg) -> ml_collections.ConfigDict:
@@ -121,9 +120,7 @@ def build_batch(trajs, advantages_B, length_bucket: int = 64, weights_B=None, nu
 
 
 def _logp(cfg, params, batch, forced):
-    out = forward(cfg, params, batch["inputs"], batch["positions"], batch["segment_ids"],
-                  forced_expert_ids=forced, return_aux=True)
-    nll, _ = token_nll(out.logits / cfg.rl.temperature, batch["targets"])
+    nll, _, out = forward_nll(cfg, params, batch, forced, scale=1.0 / cfg.rl.temperature)
     return -nll, out.aux
 
 

@@ -13,8 +13,9 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from c2jax.models import forward, update_router_bias
+from c2jax.models import forward, forward_hidden, head_weight, update_router_bias
 from c2jax.models.transformer import model_cfg
+from c2jax.train.head_loss import head_token_nll
 from c2jax.treepath import flatten_by_path, key_names
 
 BATCH_KEYS = ("inputs", "targets", "segment_ids", "positions", "loss_weights")
@@ -51,6 +52,23 @@ def _nll_lse_bwd(res, cts):
 _nll_lse.defvjp(_nll_lse_fwd, _nll_lse_bwd)
 
 
+def forward_nll(cfg, params, batch, forced_expert_ids=None, *, scale: float = 1.0, with_logits: bool = False):
+    """(nll_BL, lse_BL, ForwardOutput) of the batch's targets under logits * scale. Without
+    with_logits the output head runs fused with the loss (c2jax.train.head_loss; out.logits then
+    holds the final hidden states and no MTP heads run)."""
+    args = (cfg, params, batch["inputs"], batch["positions"], batch["segment_ids"])
+    if with_logits:
+        out = forward(*args, forced_expert_ids=forced_expert_ids, return_aux=True)
+        nll_BL, lse_BL = token_nll(out.logits * scale if scale != 1.0 else out.logits, batch["targets"])
+        return nll_BL, lse_BL, out
+    out = forward_hidden(*args, forced_expert_ids=forced_expert_ids)
+    B, L, D = out.logits.shape
+    w, tied = head_weight(cfg, params)
+    nll_T, lse_T = head_token_nll(out.logits.reshape(B * L, D), w, batch["targets"].reshape(B * L),
+                                  scale=scale, tied=tied)
+    return nll_T.reshape(B, L), lse_T.reshape(B, L), out
+
+
 def mtp_distill_loss(mtp_logits_DBLV, logits_BLV, loss_weights_BL, segment_ids_BL):
     """Self-distillation of each MTP depth d to the main head's (detached) distribution at t+d,
     the same next token; masked where t+d leaves the row or the segment. Returns (sum, weight)."""
@@ -69,10 +87,8 @@ def mtp_distill_loss(mtp_logits_DBLV, logits_BLV, loss_weights_BL, segment_ids_B
 def loss_terms(cfg, params, batch, forced_expert_ids=None):
     """Sums (not means) of every loss term over one microbatch, plus router aux outputs."""
     m = model_cfg(cfg)
-    out = forward(cfg, params, batch["inputs"], batch["positions"], batch["segment_ids"],
-                  forced_expert_ids=forced_expert_ids, return_aux=True)
+    nll_BL, lse_BL, out = forward_nll(cfg, params, batch, forced_expert_ids, with_logits=bool(m.num_mtp_layers))
     w = batch["loss_weights"].astype(jnp.float32)
-    nll_BL, lse_BL = token_nll(out.logits, batch["targets"])
     terms = {"nll_sum": jnp.sum(nll_BL * w), "weight": jnp.sum(w),
              "z_sum": jnp.sum(jnp.square(lse_BL) * w)}
     if "mtp_logits" in out.aux:
@@ -83,7 +99,6 @@ def loss_terms(cfg, params, batch, forced_expert_ids=None):
         terms["z_router"] = jnp.mean(out.aux["router_z_loss"])
         terms["expert_load"] = out.aux["expert_load"]            # [N, E]
         terms["dropped_fraction"] = jnp.mean(out.aux["dropped_fraction"])
-    del m
     return terms
 
 
@@ -164,9 +179,8 @@ def train_step(cfg, optimizer, state, batch):
 
 def eval_terms(cfg, params, batch):
     """Summed NLL and weight for held-out evaluation."""
-    out = forward(cfg, params, batch["inputs"], batch["positions"], batch["segment_ids"])
+    nll, _, _ = forward_nll(cfg, params, batch)
     w = batch["loss_weights"].astype(jnp.float32)
-    nll, _ = token_nll(out, batch["targets"])
     return {"nll_sum": jnp.sum(nll * w), "weight": jnp.sum(w)}
 
 
