@@ -332,6 +332,21 @@ def _block_ffn(x_RD, w_gate, w_up, w_down, blk_lo_E, blk_hi_E, b):
     return _block_ffn_fwd(x_RD, w_gate, w_up, w_down, blk_lo_E, blk_hi_E, b)[0]
 
 
+# An expert's blocks run CPU_BLOCK_GROUP at a time while that many are left, then one by one:
+# [4b, D] x [D, F] products run ~1.4x faster than [b, D] ones on XLA CPU, and the padding stays
+# under b rows per expert.
+CPU_BLOCK_GROUP = 4
+
+
+def _over_expert_blocks(lo, hi, b, step, carry):
+    """carry = step(first row, rows, carry) over blocks [lo, hi): groups of CPU_BLOCK_GROUP
+    blocks, then single blocks (rows is static in each loop)."""
+    g = CPU_BLOCK_GROUP
+    n_groups = (hi - lo) // g
+    carry = jax.lax.fori_loop(0, n_groups, lambda i, c: step((lo + i * g) * b, g * b, c), carry)
+    return jax.lax.fori_loop(lo + n_groups * g, hi, lambda i, c: step(i * b, b, c), carry)
+
+
 def _block_ffn_fwd(x_RD, w_gate, w_up, w_down, blk_lo_E, blk_hi_E, b):
     R, D = x_RD.shape
     E, _, F = w_gate.shape
@@ -339,14 +354,14 @@ def _block_ffn_fwd(x_RD, w_gate, w_up, w_down, blk_lo_E, blk_hi_E, b):
     def expert(e, carry):
         wg, wu, wd = w_gate[e], w_up[e], w_down[e]
 
-        def block(i, c):
+        def rows(r0, n, c):
             y, g, u = c
-            x_bD = jax.lax.dynamic_slice_in_dim(x_RD, i * b, b)
-            g_bF, u_bF = x_bD @ wg, x_bD @ wu
-            y_bD = (nn.silu(g_bF) * u_bF) @ wd
-            return tuple(jax.lax.dynamic_update_slice_in_dim(a, v, i * b, 0) for a, v in
-                         ((y, y_bD), (g, g_bF), (u, u_bF)))
-        return jax.lax.fori_loop(blk_lo_E[e], blk_hi_E[e], block, carry)
+            x_nD = jax.lax.dynamic_slice_in_dim(x_RD, r0, n)
+            g_nF, u_nF = x_nD @ wg, x_nD @ wu
+            y_nD = (nn.silu(g_nF) * u_nF) @ wd
+            return tuple(jax.lax.dynamic_update_slice_in_dim(a, v, r0, 0) for a, v in
+                         ((y, y_nD), (g, g_nF), (u, u_nF)))
+        return _over_expert_blocks(blk_lo_E[e], blk_hi_E[e], b, rows, carry)
 
     init = (jnp.zeros((R, D), x_RD.dtype), jnp.zeros((R, F), x_RD.dtype), jnp.zeros((R, F), x_RD.dtype))
     y, g, u = jax.lax.fori_loop(0, E, expert, init)
@@ -361,20 +376,20 @@ def _block_ffn_bwd(b, res, dy_RD):
         dx, dwg, dwu, dwd = carry
         wg, wu, wd = w_gate[e], w_up[e], w_down[e]
 
-        def block(i, c):
+        def rows(r0, n, c):
             dx, dwg_e, dwu_e, dwd_e = c
-            rows = lambda a: jax.lax.dynamic_slice_in_dim(a, i * b, b)  # noqa: E731
-            x_bD, g_bF, u_bF, dy_bD = rows(x_RD), rows(g_RF), rows(u_RF), rows(dy_RD)
-            sig = jax.nn.sigmoid(g_bF)
-            silu = g_bF * sig
-            dh_bF = dy_bD @ wd.T
-            dg_bF = dh_bF * u_bF * (sig * (1 + g_bF * (1 - sig)))
-            du_bF = dh_bF * silu
-            dx_bD = dg_bF @ wg.T + du_bF @ wu.T
-            return (jax.lax.dynamic_update_slice_in_dim(dx, dx_bD, i * b, 0), dwg_e + x_bD.T @ dg_bF,
-                    dwu_e + x_bD.T @ du_bF, dwd_e + (silu * u_bF).T @ dy_bD)
-        dx, dwg_e, dwu_e, dwd_e = jax.lax.fori_loop(
-            blk_lo_E[e], blk_hi_E[e], block, (dx, jnp.zeros_like(wg), jnp.zeros_like(wu), jnp.zeros_like(wd)))
+            sl = lambda a: jax.lax.dynamic_slice_in_dim(a, r0, n)  # noqa: E731
+            x_nD, g_nF, u_nF, dy_nD = sl(x_RD), sl(g_RF), sl(u_RF), sl(dy_RD)
+            sig = jax.nn.sigmoid(g_nF)
+            silu = g_nF * sig
+            dh_nF = dy_nD @ wd.T
+            dg_nF = dh_nF * u_nF * (sig * (1 + g_nF * (1 - sig)))
+            du_nF = dh_nF * silu
+            dx_nD = dg_nF @ wg.T + du_nF @ wu.T
+            return (jax.lax.dynamic_update_slice_in_dim(dx, dx_nD, r0, 0), dwg_e + x_nD.T @ dg_nF,
+                    dwu_e + x_nD.T @ du_nF, dwd_e + (silu * u_nF).T @ dy_nD)
+        dx, dwg_e, dwu_e, dwd_e = _over_expert_blocks(
+            blk_lo_E[e], blk_hi_E[e], b, rows, (dx, jnp.zeros_like(wg), jnp.zeros_like(wu), jnp.zeros_like(wd)))
         return (dx, jax.lax.dynamic_update_index_in_dim(dwg, dwg_e, e, 0),
                 jax.lax.dynamic_update_index_in_dim(dwu, dwu_e, e, 0),
                 jax.lax.dynamic_update_index_in_dim(dwd, dwd_e, e, 0))
