@@ -9,6 +9,8 @@ decode share one code path and stale slots beyond p are never visible.
 """
 from __future__ import annotations
 
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -50,23 +52,63 @@ def causal_block_attention(q_BLHP, k_BLGP, v_BLGO, positions_BL, segment_ids_BL,
     """Self-attention of packed rows (keys = queries' own row), query block by query block, each
     block reading only the keys up to its last row: ~half the score FLOPs and memory of the full
     L x L product. Exact when positions increase along the row inside each segment (every batch
-    c2jax packs): keys after a query's block are then masked anyway. Masks as attention_mask."""
+    c2jax packs): keys after a query's block are then masked anyway. Masks as attention_mask.
+    The backward is written out (saved probabilities, rowsum(dO * O) for the softmax term): two
+    passes over each score block where autodiff of the masked softmax made XLA CPU take six."""
     B, L, H, P = q_BLHP.shape
     G, O = k_BLGP.shape[2], v_BLGO.shape[-1]
     b = block or causal_block_size(L)
     q = q_BLHP.reshape(B, L, G, H // G, P).transpose(0, 2, 3, 1, 4)          # [B, G, R, L, P]
     k, v = k_BLGP.transpose(0, 2, 1, 3), v_BLGO.transpose(0, 2, 1, 3)        # [B, G, L, P|O]
-    outs = []
-    for lo in range(0, L, b):
-        hi = min(lo + b, L)
-        s = jnp.einsum("bgrcp,bgsp->bgrcs", q[:, :, :, lo:hi], k[:, :, :hi],
-                       preferred_element_type=jnp.float32) * scale
-        mask_BCS = attention_mask(positions_BL[:, lo:hi], positions_BL[:, :hi],
-                                  segment_ids_BL[:, lo:hi], segment_ids_BL[:, :hi])
-        probs = jax.nn.softmax(jnp.where(mask_BCS[:, None, None], s, NEG_INF), axis=-1).astype(v.dtype)
-        outs.append(jnp.einsum("bgrcs,bgso->bgrco", probs, v[:, :, :hi], preferred_element_type=jnp.float32))
-    out = jnp.concatenate(outs, axis=3) if len(outs) > 1 else outs[0]          # [B, G, R, L, O]
+    masks = tuple(attention_mask(positions_BL[:, lo:lo + b], positions_BL[:, :lo + b],
+                                 segment_ids_BL[:, lo:lo + b], segment_ids_BL[:, :lo + b])
+                  for lo in range(0, L, b))
+    out = _causal_blocks(q, k, v, masks, float(scale), b)                     # [B, G, R, L, O]
     return out.transpose(0, 3, 1, 2, 4).reshape(B, L, H, O).astype(q_BLHP.dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _causal_blocks(q_BGRLP, k_BGLP, v_BGLO, masks, scale, b):
+    return _causal_blocks_fwd(q_BGRLP, k_BGLP, v_BGLO, masks, scale, b)[0]
+
+
+def _causal_blocks_fwd(q_BGRLP, k_BGLP, v_BGLO, masks, scale, b):
+    L = q_BGRLP.shape[3]
+    outs, probs = [], []
+    for i, lo in enumerate(range(0, L, b)):
+        hi = min(lo + b, L)
+        s = jnp.einsum("bgrcp,bgsp->bgrcs", q_BGRLP[:, :, :, lo:hi], k_BGLP[:, :, :hi],
+                       preferred_element_type=jnp.float32) * scale
+        p = jax.nn.softmax(jnp.where(masks[i][:, None, None], s, NEG_INF), axis=-1).astype(v_BGLO.dtype)
+        outs.append(jnp.einsum("bgrcs,bgso->bgrco", p, v_BGLO[:, :, :hi], preferred_element_type=jnp.float32))
+        probs.append(p)
+    out = (jnp.concatenate(outs, axis=3) if len(outs) > 1 else outs[0]).astype(q_BGRLP.dtype)
+    return out, (q_BGRLP, k_BGLP, v_BGLO, masks, tuple(probs), out)
+
+
+def _causal_blocks_bwd(scale, b, res, dout_BGRLO):
+    q, k, v, masks, probs, out = res
+    L = q.shape[3]
+    f32 = jnp.float32
+    dsum_BGRL = jnp.sum(dout_BGRLO.astype(f32) * out.astype(f32), axis=-1)    # rowsum(dP * P) = rowsum(dO * O)
+    B, G, S, P = k.shape
+    dq_blocks, dkT, dvT = [], jnp.zeros((B, G, P, S), f32), jnp.zeros((B, G, v.shape[-1], S), f32)
+    for i, lo in enumerate(range(0, L, b)):
+        hi = min(lo + b, L)
+        p, do = probs[i], dout_BGRLO[:, :, :, lo:hi]
+        # dk, dv come out transposed ([.., P|O, S]): XLA CPU then transposes the small q / dO
+        # blocks for these products instead of the [R * C, S] score blocks
+        dvT = dvT.at[..., :hi].add(jnp.einsum("bgrco,bgrcs->bgos", do, p, preferred_element_type=f32))
+        dp = jnp.einsum("bgrco,bgso->bgrcs", do, v[:, :, :hi], preferred_element_type=f32)
+        ds = (p.astype(f32) * (dp - dsum_BGRL[..., lo:hi, None]) * scale).astype(q.dtype)
+        dq_blocks.append(jnp.einsum("bgrcs,bgsp->bgrcp", ds, k[:, :, :hi], preferred_element_type=f32))
+        dkT = dkT.at[..., :hi].add(jnp.einsum("bgrcp,bgrcs->bgps", q[:, :, :, lo:hi], ds, preferred_element_type=f32))
+    dq = jnp.concatenate(dq_blocks, axis=3) if len(dq_blocks) > 1 else dq_blocks[0]
+    dk, dv = dkT.swapaxes(2, 3).astype(k.dtype), dvT.swapaxes(2, 3).astype(v.dtype)
+    return dq.astype(q.dtype), dk, dv, tuple(None for _ in masks)
+
+
+_causal_blocks.defvjp(_causal_blocks_fwd, _causal_blocks_bwd)
 
 
 def decode_attention(q_BLHP, k_BSGP, v_BSGO, mask_BLS, scale: float):
