@@ -74,6 +74,7 @@ def model_defaults() -> ml_collections.ConfigDict:
     m.quant = "none"                   # expert matmul quantization: none, int8, mxfp8, nvfp4
     m.attention_impl = "xla"           # "xla" or "flash" (Pallas)
     m.remat = "none"                   # "none" or "full" (rematerialize each layer in backward)
+    m.scan_unroll = 1                  # layers per iteration of the layer scan (>= the layer count: no loop)
     return m
 
 
@@ -300,6 +301,8 @@ def validate_model(m: ml_collections.ConfigDict) -> None:
     _choice("model", "quant", m.quant, ("none", "int8", "mxfp8", "nvfp4"))
     _choice("model", "attention_impl", m.attention_impl, ("xla", "flash"))
     _choice("model", "remat", m.remat, ("none", "full"))
+    if m.scan_unroll < 1:
+        raise ConfigError(f"model.scan_unroll must be >= 1, got {m.scan_unroll}")
     if not 0 <= m.first_k_dense <= m.num_layers:
         raise ConfigError(f"model.first_k_dense={m.first_k_dense} must be in [0, num_layers={m.num_layers}]")
     if m.num_experts < 0:

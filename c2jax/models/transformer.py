@@ -73,7 +73,7 @@ class ScanBody(nn.Module):
 def _stack(cfg, moe: bool, n: int, name: str):
     return nn.scan(
         ScanBody, variable_axes={"params": 0}, split_rngs={"params": True},
-        in_axes=(0, nn.broadcast, nn.broadcast), length=n,
+        in_axes=(0, nn.broadcast, nn.broadcast), length=n, unroll=min(cfg.scan_unroll, n),
         metadata_params={nn.PARTITION_NAME: "layers"},
     )(cfg, moe, name=name)
 
