@@ -27,14 +27,13 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 
 from c2jax.models.moe import make_dropless
 from c2jax.models.transformer import layer_counts, model_cfg
 from c2jax.rl.advantages import apply_kl_penalty, broadcast_advantages
 from c2jax.rl.losses import _masked_p99, loss_token_count, policy_loss
 from c2jax.train.optimizer import make_optimizer
-from c2jax.train.step import _tree_all_finite, forward_nll, init_state
+from c2jax.train.step import apply_if_finite, forward_nll, init_state
 
 
 def learner_cfg(cfg) -> ml_collections.ConfigDict:
@@ -227,15 +226,12 @@ def rl_train_step(cfg, optimizer, state, ref_params, batch):
     if any(has_replaced):
         lm["replay_replaced_fraction"] = jnp.mean(replaced_M)
     lm["logp_mean"] = jnp.sum(jnp.where(mask, _from_micro(logp_M), 0.0)) / jnp.maximum(jnp.sum(mask), 1)
-    finite = jnp.isfinite(loss) & _tree_all_finite(grads)
-    updates, new_opt = optimizer.update(grads, state["opt_state"], state["params"])
-    new_params = optax.apply_updates(state["params"], updates)
-    keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)  # noqa: E731
-    new_state = {"params": keep(new_params, state["params"]), "opt_state": keep(new_opt, state["opt_state"]),
-                 "step": state["step"] + 1, "rng": state["rng"]}
+    new_params, new_opt, finite, grad_norm = apply_if_finite(optimizer, state["params"], state["opt_state"],
+                                                             grads, loss)
+    new_state = {"params": new_params, "opt_state": new_opt, "step": state["step"] + 1, "rng": state["rng"]}
     metrics.update(lm)
     metrics["logprob_mismatch_mean"] = metrics.pop("logprob_mismatch_mean_abs")
-    metrics["grad_norm"] = optax.global_norm(grads)
+    metrics["grad_norm"] = grad_norm
     metrics["skipped"] = (~finite).astype(jnp.int32)
     metrics["micro_batches"] = jnp.int32(M)
     return new_state, metrics

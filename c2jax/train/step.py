@@ -117,9 +117,25 @@ def total_loss(cfg, terms, total_weight, num_micro):
     return loss
 
 
-def _tree_all_finite(tree):
-    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]
-    return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
+def apply_if_finite(optimizer, params, opt_state, grads, loss, after=None):
+    """(new params, new optimizer state, finite, grad norm): the optimizer step (then `after` on
+    the new params) when loss and gradients are finite, else params and state unchanged.
+
+    One reduction decides: a NaN or inf anywhere in the gradients makes their norm non-finite (so
+    does a sum of squares past float32 range, where clipping would zero the update anyway). A
+    cond, not a select per leaf: XLA runs one branch, so a good step makes no extra pass over
+    params and optimizer state (~0.1 s a step on the 89M CPU bench)."""
+    grad_norm = optax.global_norm(grads)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+
+    def update(operands):
+        params, opt_state, grads = operands
+        updates, new_opt = optimizer.update(grads, opt_state, params)
+        new_params = optax.apply_updates(params, updates)
+        return (after(new_params) if after else new_params), new_opt
+
+    new_params, new_opt = jax.lax.cond(finite, update, lambda operands: operands[:2], (params, opt_state, grads))
+    return new_params, new_opt, finite, grad_norm
 
 
 def _apply_bias_update(cfg, params, expert_load_NE):
@@ -156,16 +172,14 @@ def train_step(cfg, optimizer, state, batch):
     else:
         (grads,), (losses, terms_all) = jax.lax.scan(micro_grad, (zeros,), micro)
     loss = jnp.sum(losses)
-    finite = jnp.isfinite(loss) & _tree_all_finite(grads)
-    updates, new_opt = optimizer.update(grads, state["opt_state"], state["params"])
-    new_params = optax.apply_updates(state["params"], updates)
-    if "expert_load" in terms_all:
-        new_params = _apply_bias_update(cfg, new_params, jnp.sum(terms_all["expert_load"], axis=0))
-    keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)  # noqa: E731
-    new_state = {"params": keep(new_params, state["params"]), "opt_state": keep(new_opt, state["opt_state"]),
+    bias_load = jnp.sum(terms_all["expert_load"], axis=0) if "expert_load" in terms_all else None
+    new_params, new_opt, finite, grad_norm = apply_if_finite(
+        optimizer, state["params"], state["opt_state"], grads, loss,
+        after=None if bias_load is None else (lambda p: _apply_bias_update(cfg, p, bias_load)))
+    new_state = {"params": new_params, "opt_state": new_opt,
                  "step": state["step"] + 1, "rng": jax.random.fold_in(state["rng"], state["step"])}
     nll = jnp.sum(terms_all["nll_sum"]) / total_weight
-    metrics = {"loss": loss, "nll": nll, "grad_norm": optax.global_norm(grads),
+    metrics = {"loss": loss, "nll": nll, "grad_norm": grad_norm,
                "param_norm": optax.global_norm(state["params"]), "skipped": (~finite).astype(jnp.int32),
                "tokens": total_weight}
     if "expert_load" in terms_all:
