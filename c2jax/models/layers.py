@@ -4,6 +4,7 @@ Letters: B batch, L length, D model width, F MLP width, H heads, R rotary dims.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import flax.linen as nn
@@ -131,11 +132,39 @@ def apply_rope(x_BLHR, positions_BL, inv_freq, attention_factor: float, interlea
     freqs_BLr = positions_BL.astype(jnp.float32)[..., None] * inv_freq
     cos = (jnp.cos(freqs_BLr) * attention_factor)[:, :, None, :]
     sin = (jnp.sin(freqs_BLr) * attention_factor)[:, :, None, :]
-    x = x_BLHR.astype(jnp.float32)
+    return _rotate(x_BLHR.astype(jnp.float32), cos, sin, interleave).astype(x_BLHR.dtype)
+
+
+def _rotate_pairs(x, cos, sin, interleave):
     if interleave:
         x1, x2 = x[..., 0::2], x[..., 1::2]
     else:
         half = x.shape[-1] // 2
         x1, x2 = x[..., :half], x[..., half:]
-    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-    return out.astype(x_BLHR.dtype)
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+# The backward is the transposed rotation, written out: autodiff of the slices and concatenate
+# made XLA CPU spend ~2x as long on q/k-norm + RoPE backward (~0.1 s a step on the 89M bench).
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _rotate(x, cos, sin, interleave):
+    return _rotate_pairs(x, cos, sin, interleave)
+
+
+def _rotate_fwd(x, cos, sin, interleave):
+    return _rotate_pairs(x, cos, sin, interleave), (cos, sin)
+
+
+def _rotate_bwd(interleave, res, dy):
+    cos, sin = res
+    half = dy.shape[-1] // 2
+    d1, d2 = dy[..., :half], dy[..., half:]
+    dx1, dx2 = d1 * cos + d2 * sin, d2 * cos - d1 * sin
+    if interleave:
+        dx = jnp.stack([dx1, dx2], axis=-1).reshape(dy.shape)
+    else:
+        dx = jnp.concatenate([dx1, dx2], axis=-1)
+    return dx, None, None
+
+
+_rotate.defvjp(_rotate_fwd, _rotate_bwd)
