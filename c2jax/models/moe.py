@@ -314,15 +314,63 @@ def _block_dispatch(x_TD, ids_TK, weights_TK, w_gate, w_up, w_down, cap, block):
     e_sorted_A = flat_A[order_A]
     rank_sorted_A = jnp.arange(A, dtype=jnp.int32) - starts_E[e_sorted_A]
     row_sorted_A = jnp.where(rank_sorted_A < cap, blk_lo_E[e_sorted_A] * b + rank_sorted_A, R)
-    src_R = jnp.full((R + 1,), T, jnp.int32).at[row_sorted_A].set(order_A // K)[:R]  # T: a zero row
-    x_RD = jnp.concatenate([x_TD, jnp.zeros((1, x_TD.shape[-1]), x_TD.dtype)])[src_R]
+    asg_R = jnp.full((R + 1,), A, jnp.int32).at[row_sorted_A].set(order_A)[:R]  # A: an empty row
+    row_A = jnp.zeros((A,), jnp.int32).at[order_A].set(row_sorted_A)             # R: dropped
+    x_RD = _rows_of_tokens(x_TD, asg_R // K, row_A.reshape(T, K))
     y_RD = _block_ffn(x_RD, w_gate, w_up, w_down, blk_lo_E, blk_hi_E, b)
-    row_A = jnp.zeros((A,), jnp.int32).at[order_A].set(row_sorted_A)
-    keep_A = row_A < R
-    y_TKD = jnp.concatenate([y_RD, jnp.zeros((1, y_RD.shape[-1]), y_RD.dtype)])[row_A].reshape(T, K, -1)
-    out = jnp.einsum("tkd,tk->td", y_TKD.astype(jnp.float32), weights_TK.astype(jnp.float32))
-    dropped = jnp.mean((~keep_A).astype(jnp.float32))  # exactly 0 when nothing is dropped
+    out = _combine_rows(y_RD, weights_TK.astype(y_RD.dtype), row_A.reshape(T, K), asg_R)
+    dropped = jnp.mean((row_A >= R).astype(jnp.float32))  # exactly 0 when nothing is dropped
     return out.astype(x_TD.dtype), dropped
+
+
+def _pad_row(a_ND):
+    return jnp.concatenate([a_ND, jnp.zeros((1,) + a_ND.shape[1:], a_ND.dtype)])
+
+
+# Token rows <-> expert rows. Each kept assignment (t, k) is one row r: row_TK[t, k] = r and
+# src_R[r] = t (src T and row R mean none). Both directions are gathers, so each backward is the
+# other gather (autodiff would scatter-add into a zero-filled buffer instead).
+@jax.custom_vjp
+def _rows_of_tokens(x_TD, src_R, row_TK):
+    """x_RD[r] = x_TD[src_R[r]] (zero where src_R = T)."""
+    return _pad_row(x_TD)[src_R]
+
+
+def _rows_of_tokens_fwd(x_TD, src_R, row_TK):
+    return _rows_of_tokens(x_TD, src_R, row_TK), (src_R, row_TK)
+
+
+def _rows_of_tokens_bwd(res, dx_RD):
+    src_R, row_TK = res
+    return jnp.sum(_pad_row(dx_RD)[row_TK], axis=1), None, None
+
+
+_rows_of_tokens.defvjp(_rows_of_tokens_fwd, _rows_of_tokens_bwd)
+
+
+@jax.custom_vjp
+def _combine_rows(y_RD, weights_TK, row_TK, asg_R):
+    """out_TD = sum_k weights_TK[t, k] * y_RD[row_TK[t, k]] (float32; dropped rows add nothing)."""
+    y_TKD = _pad_row(y_RD)[row_TK]
+    return jnp.einsum("tkd,tk->td", y_TKD.astype(jnp.float32), weights_TK.astype(jnp.float32))
+
+
+def _combine_rows_fwd(y_RD, weights_TK, row_TK, asg_R):
+    return _combine_rows(y_RD, weights_TK, row_TK, asg_R), (y_RD, weights_TK, row_TK, asg_R)
+
+
+def _combine_rows_bwd(res, dout_TD):
+    y_RD, weights_TK, row_TK, asg_R = res
+    K = row_TK.shape[1]
+    dout_TD = dout_TD.astype(jnp.float32)
+    # row r of assignment a = t * K + k gets weights[t, k] * dout[t]; rows with no assignment get 0
+    w_A = _pad_row(weights_TK.reshape(-1).astype(jnp.float32))[asg_R]
+    dy_RD = w_A[:, None] * _pad_row(dout_TD)[asg_R // K]
+    dw_TK = jnp.einsum("tkd,td->tk", _pad_row(y_RD)[row_TK].astype(jnp.float32), dout_TD)
+    return dy_RD.astype(y_RD.dtype), dw_TK.astype(weights_TK.dtype), None, None
+
+
+_combine_rows.defvjp(_combine_rows_fwd, _combine_rows_bwd)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
