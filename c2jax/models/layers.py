@@ -65,9 +65,40 @@ class RMSNorm(nn.Module):
     def __call__(self, x):
         weight = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones, (self.axis_name,)),
                             (x.shape[-1],), self.param_dtype)
-        x32 = x.astype(jnp.float32)
-        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-        return weight.astype(x.dtype) * y.astype(x.dtype)
+        return rms_norm(x, weight, float(self.eps))
+
+
+def _rms_norm_plain(x, weight, eps):
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return weight.astype(x.dtype) * y.astype(x.dtype)
+
+
+# The backward is written out in float32 from the saved 1/rms: autodiff's version took XLA CPU
+# ~1.5x as long over the q/k-norm and layer norms (~0.1 s a step on the 89M bench).
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def rms_norm(x, weight, eps: float):
+    """weight * x / rms(x) over the last dim, computed in float32, returned in x's dtype."""
+    return _rms_norm_plain(x, weight, eps)
+
+
+def _rms_norm_fwd(x, weight, eps):
+    x32 = x.astype(jnp.float32)
+    r = jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return weight.astype(x.dtype) * (x32 * r).astype(x.dtype), (x, weight, r)
+
+
+def _rms_norm_bwd(eps, res, dy):
+    x, weight, r = res
+    xhat = x.astype(jnp.float32) * r
+    dy32 = dy.astype(jnp.float32)
+    wdy = dy32 * weight.astype(jnp.float32)
+    dx = r * (wdy - xhat * jnp.mean(wdy * xhat, axis=-1, keepdims=True))
+    dw = jnp.sum((dy32 * xhat).reshape(-1, x.shape[-1]), axis=0)
+    return dx.astype(x.dtype), dw.astype(weight.dtype)
+
+
+rms_norm.defvjp(_rms_norm_fwd, _rms_norm_bwd)
 
 
 class MLP(nn.Module):

@@ -1,4 +1,4 @@
-"""apply_rope (written-out backward) against autodiff of the plain rotation, both pair layouts."""
+"""apply_rope and rms_norm (written-out backwards) against autodiff of their plain formulas."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -25,3 +25,21 @@ def test_rope_values_and_gradient_match_plain_rotation(interleave):
     g_got = jax.grad(lambda x: jnp.sum(apply_rope(x, pos, inv_freq, 1.3, interleave) * cot))(x)
     g_want = jax.grad(lambda x: jnp.sum(plain(x) * cot))(x)
     np.testing.assert_allclose(g_got, g_want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_rms_norm_values_and_gradients_match_plain(dtype):
+    from c2jax.models.layers import _rms_norm_plain, rms_norm
+    rng = np.random.default_rng(3)
+    x = jnp.asarray(rng.standard_normal((3, 5, 16)) * 2.0, dtype)
+    w = jnp.asarray(rng.uniform(0.5, 1.5, 16), jnp.float32)
+    cot = jnp.asarray(rng.standard_normal((3, 5, 16)), dtype)
+    tol = 1e-5 if dtype == jnp.float32 else 2e-2
+    np.testing.assert_allclose(np.asarray(rms_norm(x, w, 1e-6), np.float32),
+                               np.asarray(_rms_norm_plain(x, w, 1e-6), np.float32), rtol=tol, atol=tol)
+
+    def grads(fn):
+        return jax.grad(lambda x, w: jnp.sum((fn(x, w, 1e-6) * cot).astype(jnp.float32)), argnums=(0, 1))(x, w)
+    for a, b in zip(grads(rms_norm), grads(_rms_norm_plain)):
+        assert a.dtype == b.dtype
+        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=tol, atol=tol * 10)
