@@ -28,3 +28,17 @@ def test_unrolled_layer_scan_equals_scanned(unroll):
 def test_scan_unroll_must_be_positive():
     with pytest.raises(ConfigError, match="scan_unroll"):
         load_config("configs/tiny.py", ["--config.model.scan_unroll=0"])
+
+
+def test_run_config_written_before_a_new_key_loads_with_its_default(tmp_path):
+    import json
+
+    from c2jax.train.loop import _save_config, load_run_config
+    cfg = load_config("configs/tiny.py")
+    _save_config(cfg, str(tmp_path))
+    d = json.loads((tmp_path / "config.json").read_text())
+    del d["model"]["scan_unroll"]                      # a run launched before the key existed
+    (tmp_path / "config.json").write_text(json.dumps(d))
+    old = load_run_config(str(tmp_path))
+    assert old.model.scan_unroll == 1 and old.model.hidden_size == cfg.model.hidden_size
+    c2jax.models.init_params(old, jax.random.key(0))
