@@ -14,12 +14,11 @@ import jax
 import numpy as np
 
 from c2jax.data.tokenizer import Tokenizer
-from c2jax.models import forward
 from c2jax.models.moe import make_dropless
 from c2jax.pipeline import oracle_episodes
 from c2jax.rl.learner import build_batch
 from c2jax.train.loop import load_run_config, load_run_params
-from c2jax.train.step import token_nll
+from c2jax.train.step import forward_nll
 
 PARTS = ((1, "new text"), (2, "old text"), (0, "other"))
 
@@ -64,8 +63,7 @@ def main(argv=None) -> None:
 
     @jax.jit
     def nll(p):
-        out = forward(cfg, p, batch["inputs"], batch["positions"], batch["segment_ids"], return_aux=True)
-        return token_nll(out.logits / args.temperature, batch["targets"])[0]
+        return forward_nll(cfg, p, batch, scale=1.0 / args.temperature)[0]   # the learner's logprobs
 
     nll_BL = {k: np.asarray(nll(p)) for k, p in params.items()}
     report = {"episodes": B}

@@ -53,8 +53,8 @@ def causal_block_attention(q_BLHP, k_BLGP, v_BLGO, positions_BL, segment_ids_BL,
     block reading only the keys up to its last row: ~half the score FLOPs and memory of the full
     L x L product. Exact when positions increase along the row inside each segment (every batch
     c2jax packs): keys after a query's block are then masked anyway. Masks as attention_mask.
-    The backward is written out (saved probabilities, rowsum(dO * O) for the softmax term): two
-    passes over each score block where autodiff of the masked softmax made XLA CPU take six."""
+    The backward is written out (saved probabilities, rowsum(dO * O) for the softmax term): fewer
+    passes over each score block than XLA CPU made of autodiff's masked softmax."""
     B, L, H, P = q_BLHP.shape
     G, O = k_BLGP.shape[2], v_BLGO.shape[-1]
     b = block or causal_block_size(L)

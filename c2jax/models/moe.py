@@ -282,8 +282,7 @@ def capacity_dispatch(x_TD, ids_TK, weights_TK, w_gate, w_up, w_down, capacity_f
     gate = jnp.einsum("ecd,edf->ecf", x_ECD, w_gate)
     up = jnp.einsum("ecd,edf->ecf", x_ECD, w_up)
     y_ECD = jnp.einsum("ecf,efd->ecd", nn.silu(gate) * up, w_down)
-    y_flat = jnp.concatenate([y_ECD.reshape(E * cap, -1), jnp.zeros((1, y_ECD.shape[-1]), y_ECD.dtype)])
-    y_TKD = (y_flat[slot_A] * keep_A[:, None]).reshape(T, K, -1)
+    y_TKD = (_pad_row(y_ECD.reshape(E * cap, -1))[slot_A] * keep_A[:, None]).reshape(T, K, -1)
     out = jnp.einsum("tkd,tk->td", y_TKD.astype(jnp.float32), weights_TK.astype(jnp.float32))
     dropped = jnp.mean((~keep_A).astype(jnp.float32))  # exactly 0 when nothing is dropped
     return out.astype(x_TD.dtype), dropped

@@ -223,29 +223,20 @@ def abstract_params(cfg):
 
 
 def forward(cfg, params, tokens_BL, positions_BL=None, segment_ids_BL=None, *,
-            forced_expert_ids=None, return_aux: bool = False):
+            forced_expert_ids=None, return_aux: bool = False, head: bool = True):
     """Logits float32 [B, L, V] for int32 tokens [B, L]; with return_aux a ForwardOutput.
 
-    forced_expert_ids: int [N_moe, B, L, K] replays recorded routing (router replay)."""
+    forced_expert_ids: int [N_moe, B, L, K] replays recorded routing (router replay).
+    head=False: the final-normed hidden states [B, L, D] in place of the logits and no MTP heads,
+    for losses that apply the output head themselves (c2jax.train.head_loss)."""
     m = model_cfg(cfg)
     tokens_BL = jnp.asarray(tokens_BL, jnp.int32)
     positions_BL, segment_ids_BL = _defaults(tokens_BL, positions_BL, segment_ids_BL)
     logits, aux, _ = Transformer(m).apply({"params": params}, tokens_BL, positions_BL, segment_ids_BL,
-                                          forced_expert_ids, cache={})
+                                          forced_expert_ids, cache={}, head=head)
     if return_aux:
         return ForwardOutput(logits, aux)
     return logits
-
-
-def forward_hidden(cfg, params, tokens_BL, positions_BL=None, segment_ids_BL=None, *, forced_expert_ids=None):
-    """ForwardOutput with the final-normed hidden states [B, L, D] in place of the logits (no MTP
-    heads): for losses that apply the output head themselves (c2jax.train.head_loss)."""
-    m = model_cfg(cfg)
-    tokens_BL = jnp.asarray(tokens_BL, jnp.int32)
-    positions_BL, segment_ids_BL = _defaults(tokens_BL, positions_BL, segment_ids_BL)
-    hidden, aux, _ = Transformer(m).apply({"params": params}, tokens_BL, positions_BL, segment_ids_BL,
-                                          forced_expert_ids, cache={}, head=False)
-    return ForwardOutput(hidden, aux)
 
 
 def head_weight(cfg, params):

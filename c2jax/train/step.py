@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from c2jax.models import forward, forward_hidden, head_weight, update_router_bias
+from c2jax.models import forward, head_weight, update_router_bias
 from c2jax.models.transformer import model_cfg
 from c2jax.train.head_loss import head_token_nll
 from c2jax.treepath import flatten_by_path, key_names
@@ -56,12 +56,11 @@ def forward_nll(cfg, params, batch, forced_expert_ids=None, *, scale: float = 1.
     """(nll_BL, lse_BL, ForwardOutput) of the batch's targets under logits * scale. Without
     with_logits the output head runs fused with the loss (c2jax.train.head_loss; out.logits then
     holds the final hidden states and no MTP heads run)."""
-    args = (cfg, params, batch["inputs"], batch["positions"], batch["segment_ids"])
+    out = forward(cfg, params, batch["inputs"], batch["positions"], batch["segment_ids"],
+                  forced_expert_ids=forced_expert_ids, return_aux=True, head=with_logits)
     if with_logits:
-        out = forward(*args, forced_expert_ids=forced_expert_ids, return_aux=True)
         nll_BL, lse_BL = token_nll(out.logits * scale if scale != 1.0 else out.logits, batch["targets"])
         return nll_BL, lse_BL, out
-    out = forward_hidden(*args, forced_expert_ids=forced_expert_ids)
     B, L, D = out.logits.shape
     w, tied = head_weight(cfg, params)
     nll_T, lse_T = head_token_nll(out.logits.reshape(B * L, D), w, batch["targets"].reshape(B * L),
