@@ -80,7 +80,8 @@ def split_params(m, params, mesh=None) -> dict:
 
     With a 1-D mesh of n host devices (decode_mesh), the step's weight reads are split over the
     devices (on CPU XLA runs one device's matmuls one at a time, so one device streams weights
-    from one core): MoE experts become moe.ShardedExperts (expert parallel), GQA attention is
+    from one core): MoE experts become moe.ShardedExperts (each device holds 1/n of every expert's
+    hidden columns, or whole experts when n does not divide that size), GQA attention is
     split by heads (q/k/v_proj by output columns, o_proj by input rows; the cache by KV head,
     cache_shardings) and the output head by vocab; everything else is replicated. XLA inserts
     the reductions."""
@@ -90,9 +91,9 @@ def split_params(m, params, mesh=None) -> dict:
     if mesh is None or mesh.size == 1:
         return _splitter(m.to_json())(params)
     n = mesh.size
-    if not m.num_experts or m.num_experts % n:
-        raise ValueError(f"decode over {n} devices needs a MoE model whose num_experts ({m.num_experts}) "
-                         f"{n} divides")
+    if not m.num_experts or (m.moe_intermediate_size % n and m.num_experts % n):
+        raise ValueError(f"decode over {n} devices needs a MoE model whose moe_intermediate_size "
+                         f"({m.moe_intermediate_size}) or num_experts ({m.num_experts}) {n} divides")
     heads = _head_parallel(m, n)
     ax = mesh.axis_names[0]
 

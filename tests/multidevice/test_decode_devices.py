@@ -1,5 +1,5 @@
 """Decode over several host devices (Sampler(decode_devices=n), unrolled.split_params with a
-mesh): experts split over devices (moe.ShardedExperts), GQA attention split by heads and the
+mesh): experts split over devices (moe.ShardedExperts, by hidden columns or whole experts), GQA attention split by heads and the
 output head by vocab give what one device gives, on fresh random inputs; bad requests fail
 with a clear error."""
 import jax
@@ -14,9 +14,10 @@ from c2jax.models import moe as moe_lib
 from c2jax.sampling import Request, Sampler, unrolled
 
 
+@pytest.mark.parametrize("split", ["ffn", "expert"])
 @pytest.mark.parametrize("n", [2, 4, 8])
 @pytest.mark.parametrize("T,skew", [(1, False), (8, False), (6, True)])
-def test_sharded_split_dispatch_equals_one_device(n, T, skew):
+def test_sharded_split_dispatch_equals_one_device(n, T, skew, split):
     rng = np.random.default_rng(10 * n + T)
     D, F, E, K = 16, 24, 8, 2
     x = jnp.asarray(rng.standard_normal((T, D)), jnp.float32)
@@ -29,12 +30,29 @@ def test_sharded_split_dispatch_equals_one_device(n, T, skew):
     ws = [jnp.asarray(0.3 * rng.standard_normal(s), jnp.float32) for s in ((E, D, F), (E, D, F), (E, F, D))]
     want, _ = jax.jit(moe_lib.split_dispatch)(x, ids, wts, moe_lib.split_experts(*ws))
     mesh = unrolled.decode_mesh(n)
-    sharded = jax.device_put(moe_lib.shard_experts(*ws, mesh), NamedSharding(mesh, P("decode")))
-    assert len(sharded.slots) == E // n
+    sharded = jax.device_put(moe_lib.shard_experts(*ws, mesh, split), NamedSharding(mesh, P("decode")))
+    assert sharded.split == split
+    assert len(sharded.slots) == (E if split == "ffn" else E // n)
+    if split == "ffn":  # device d holds hidden columns [d f, (d + 1) f) of gate and of up
+        f = F // n
+        np.testing.assert_array_equal(sharded.slots[3][0][1], np.concatenate([ws[0][3][:, f:2 * f], ws[1][3][:, f:2 * f]], 1))
+        np.testing.assert_array_equal(sharded.slots[3][1][1], ws[2][3][f:2 * f])
     got, dropped = jax.jit(moe_lib.split_dispatch)(x, ids, wts, sharded)
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
     np.testing.assert_allclose(got, moe_lib.grouped_dispatch(x, ids, wts, *ws)[0], atol=2e-5, rtol=1e-5)
     assert float(dropped) == 0.0
+
+
+def test_shard_experts_layout_choice_and_errors():
+    mesh = unrolled.decode_mesh(4)
+    ws = [jnp.ones(s, jnp.float32) for s in ((8, 16, 6), (8, 16, 6), (8, 6, 16))]  # F = 6: 4 does not divide it
+    assert moe_lib.shard_experts(*ws, mesh).split == "expert"
+    with pytest.raises(ValueError, match="'ffn' needs 4 to divide 6"):
+        moe_lib.shard_experts(*ws, mesh, "ffn")
+    ws = [jnp.ones(s, jnp.float32) for s in ((6, 16, 8), (6, 16, 8), (6, 8, 16))]  # E = 6, F = 8
+    assert moe_lib.shard_experts(*ws, mesh).split == "ffn"
+    with pytest.raises(ValueError, match="'expert' needs 4 to divide 6"):
+        moe_lib.shard_experts(*ws, mesh, "expert")
 
 
 def _generate(cfg, params, n, swap=None):
