@@ -91,6 +91,8 @@ def test_sampler_over_devices_matches_one_device(preset, n):
         np.testing.assert_allclose(a.logprobs, b.logprobs, atol=2e-5)
     assert {int(v) for c in got for v in c.versions} == {0, 1} and set(got[-1].versions) == {1}
     assert all("ab" not in "".join("abcd"[t % 4] for t in c.tokens[:-1]) for c in got[6:10])
+    # the cache stayed on the decode devices through the later prefill (only rows moved)
+    assert all(len(a.sharding.device_set) == n for a in jax.tree.leaves(s.cache))
     # the weights really are split: experts over the devices, GQA heads and the vocab too
     lay = s._decode_params["layers"][-1]
     assert isinstance(lay["moe"]["experts"], moe_lib.ShardedExperts)
@@ -131,3 +133,31 @@ def test_rl_sampler_service_decodes_over_devices():
     for a, b in zip(got[1], got[2]):
         assert a.tokens == b.tokens
         np.testing.assert_allclose(a.logprobs, b.logprobs, atol=2e-5)
+
+
+@pytest.mark.parametrize("preset", ["configs/tiny.py", "configs/tiny.py:mla"])
+def test_slot_continuation_over_devices_matches_one_device(preset):
+    """A later turn continues a finished row's cache on the decode devices (only the appended
+    tokens are prefilled; the cached prefix comes from the mesh's cache) exactly as on one device."""
+    cfg = load_config(preset)
+    params = c2jax.models.init_params(cfg, jax.random.key(2))
+    prompt = np.random.default_rng(4).integers(0, cfg.model.vocab_size, 9).tolist()
+
+    def turns(n):
+        s = Sampler(cfg, params, max_batch=4, max_len=64, chunk=4, decode_devices=n)
+        first = s.results(_submit_run(s, prompt))[0]
+        ctx2 = prompt + first.tokens + [30, 31, 32]
+        second = s.results(_submit_run(s, ctx2))[0]
+        assert s.prefill_tokens == len(prompt) + 3 and second.prefilled == 3
+        return first, second
+
+    for a, b in zip(turns(1), turns(2)):
+        assert a.tokens == b.tokens
+        np.testing.assert_array_equal(a.expert_ids, b.expert_ids)
+        np.testing.assert_allclose(a.raw_logprobs, b.raw_logprobs, atol=2e-5)
+
+
+def _submit_run(s, prompt):
+    rid = s.submit(Request(prompt, max_new_tokens=6, temperature=0.0))
+    s.run_until_done()
+    return rid
