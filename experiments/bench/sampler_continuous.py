@@ -19,26 +19,15 @@ import sys
 import time
 
 
-def _decode_devices() -> int:
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--decode-devices", type=int, default=2)
-    n = pre.parse_known_args()[0].decode_devices
-    if n > 1 and "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                                   f" --xla_force_host_platform_device_count={n}").strip()
-    return n
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# sampler.py reads --decode-devices into XLA_FLAGS before it imports JAX
+from sampler import DECODE_DEVICES, model_config  # noqa: E402
 
-
-DECODE_DEVICES = _decode_devices()
-
-import jax  # noqa: E402  (after XLA_FLAGS)
+import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 import c2jax  # noqa: E402
 from c2jax.sampling import Request, Sampler  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from sampler import model_config  # noqa: E402
 
 
 def requests(n: int, vocab: int, seed: int) -> list[Request]:
