@@ -176,8 +176,10 @@ def prefill_compute(step, N, S, rows, tokens_bL, start_b, len_b, dest_src_M, see
 
 def write_rows(cache, state, new_rows, upd, dest_slot_M, dest_src_M):
     """Destination slot dest_slot_M[k] (B: none) gets source row dest_src_M[k]'s new cache and
-    RowState upd[k]."""
-    cache = jax.tree.map(lambda c, n: c.at[:, dest_slot_M].set(n[:, dest_src_M], mode="drop"), cache, new_rows)
+    RowState upd[k]. new_rows may hold only positions [0, P) of each row: the rest of the
+    destination row is left as it is (stale entries past a row's position are masked)."""
+    P = jax.tree.leaves(new_rows)[0].shape[2]
+    cache = jax.tree.map(lambda c, n: c.at[:, dest_slot_M, :P].set(n[:, dest_src_M], mode="drop"), cache, new_rows)
     state = jax.tree.map(lambda s, u: s.at[dest_slot_M].set(u, mode="drop"), state, upd)
     return cache, state
 
@@ -188,30 +190,15 @@ def _gather_window(cache, src_b, P: int):
     return jax.tree.map(lambda c: c[:, src_b, :P], cache)
 
 
-@functools.partial(jax.jit, static_argnums=1)
-def _pad_window(rows, S: int):
-    """Caches of positions [0, P) -> [0, S) (zeros after P: never read, masked by position)."""
-    return jax.tree.map(lambda c: jnp.pad(c, [(0, 0), (0, 0), (0, S - c.shape[2])] + [(0, 0)] * (c.ndim - 3)), rows)
-
-
-@functools.partial(jax.jit, static_argnums=1)
-def _take_window(rows, P: int):
-    return jax.tree.map(lambda c: c[:, :, :P], rows)
-
-
-@functools.partial(jax.jit, donate_argnums=(0, 1))
-def _write_window(cache, state, new_win, upd, dest_slot_M, dest_src_M):
-    """write_rows for new caches of positions [0, P) only (the rest of each row is left as is)."""
-    P = jax.tree.leaves(new_win)[0].shape[2]
-    cache = jax.tree.map(lambda c, n: c.at[:, dest_slot_M, :P].set(n[:, dest_src_M], mode="drop"), cache, new_win)
-    state = jax.tree.map(lambda s, u: s.at[dest_slot_M].set(u, mode="drop"), state, upd)
-    return cache, state
+_write_rows = jax.jit(write_rows, donate_argnums=(0, 1))
 
 
 @functools.lru_cache(maxsize=32)
 def _kernels(model_json: str, S: int, B: int, split: bool = False):
-    """(prefill, decode, N). With split, decode takes unrolled.split_params and runs
-    unrolled.decode_step (per-layer weights and caches); prefill always takes the model's params."""
+    """(prefill, decode, N). prefill runs the b source rows' cache windows alone (the caller
+    gathers them and writes the new ones back: Sampler._run_prefill). With split, decode takes
+    unrolled.split_params and runs unrolled.decode_step (per-layer weights and caches); prefill
+    always takes the model's params."""
     m = ml_collections.ConfigDict(json.loads(model_json))
     _, N = tfm.layer_counts(m)
 
@@ -223,25 +210,19 @@ def _kernels(model_json: str, S: int, B: int, split: bool = False):
             return unrolled.decode_step(m, params, tokens, positions, cache)
         return model_step(params, tokens, positions, cache)
 
-    @functools.partial(jax.jit, donate_argnums=(1, 2), static_argnames=("use_filter",))
-    def prefill(params, cache, state, tokens_bL, start_b, len_b, src_slot_b,
-                dest_slot_M, dest_src_M, seed_M, rid_M, sidx_M, max_new_M, temp_M, top_k_M, top_p_M, stop_MX,
-                use_filter=True):
-        step = lambda t, p, c: (model_step(params, t, p, c), None)  # noqa: E731
-        cache, state, outs, _, _ = prefill_rows(
-            step, N, S, cache, state, tokens_bL, start_b, len_b, src_slot_b, dest_slot_M, dest_src_M, seed_M,
-            rid_M, sidx_M, max_new_M, temp_M, top_k_M, top_p_M, stop_MX, use_filter)
-        return cache, state, outs
-
     @functools.partial(jax.jit, static_argnames=("use_filter",))
-    def prefill_rows_only(params, rows, tokens_bL, start_b, len_b, dest_src_M, seed_M, rid_M, sidx_M, max_new_M,
-                          temp_M, top_k_M, top_p_M, stop_MX, use_filter=True):
-        """prefill_compute on b source rows' caches alone (the decode mesh keeps the whole cache)."""
+    def prefill(params, src_win, tokens_bL, start_b, len_b, dest_src_M, seed_M, rid_M, sidx_M, max_new_M,
+                temp_M, top_k_M, top_p_M, stop_MX, use_filter=True):
+        """prefill_compute on the b source rows' caches, positions [0, P) (all a prefill reads
+        or writes; zeros past P are never read): returns their new caches' positions [0, P),
+        the destination rows' RowState and (tok, lp, raw, code, experts)."""
+        P = jax.tree.leaves(src_win)[0].shape[2]
+        rows = jax.tree.map(lambda c: jnp.pad(c, [(0, 0), (0, 0), (0, S - P)] + [(0, 0)] * (c.ndim - 3)), src_win)
         step = lambda t, p, c: (model_step(params, t, p, c), None)  # noqa: E731
         new_rows, upd, outs, _, _ = prefill_compute(step, N, S, rows, tokens_bL, start_b, len_b, dest_src_M, seed_M,
                                                     rid_M, sidx_M, max_new_M, temp_M, top_k_M, top_p_M, stop_MX,
                                                     use_filter)
-        return new_rows, upd, outs
+        return jax.tree.map(lambda c: c[:, :, :P], new_rows), upd, outs
 
     @functools.partial(jax.jit, donate_argnums=(1, 2), static_argnames=("C", "use_filter"))
     def decode(params, cache, state, min_live, C=32, use_filter=True):
@@ -285,7 +266,7 @@ def _kernels(model_json: str, S: int, B: int, split: bool = False):
             cache = unrolled.stack_cache(m, cache)
         return cache, state, i, bufs
 
-    return prefill, decode, N, prefill_rows_only
+    return prefill, decode, N
 
 
 def _bucket(n: int, lo: int, hi: int, mult: int = 2) -> int:
@@ -380,8 +361,8 @@ class Sampler:
             raise ValueError(f"decode_devices={decode_devices} needs the split decode step (split_decode=True; "
                              f"not available for {why_not or 'split_decode=False'})")
         self._mesh = unrolled.decode_mesh(int(decode_devices))
-        self._prefill, self._decode, self.num_moe_layers, self._prefill_rows = _kernels(
-            self.model_cfg.to_json(), self.S, self.B, self.split_decode)
+        self._prefill, self._decode, self.num_moe_layers = _kernels(self.model_cfg.to_json(), self.S, self.B,
+                                                                    self.split_decode)
         self.quant_scope = quant_scope if self.model_cfg.quant != "none" else "none"
         self.params = self._storage(params)
         self._decode_params = self._decode_view(self.params)
@@ -558,24 +539,26 @@ class Sampler:
         use_filter = any(g.req.top_k > 0 or g.req.top_p < 1.0 for g, *_ in batch)
         with self._lock:
             params, version = self.params, self.version
-        if self._mesh is None:
+        if self.speculative == "mtp":   # its own fused kernel over the model and MTP caches
             self.cache, self.state, (tok, lp, raw, code, experts) = self._prefill(
                 params, self.cache, self.state, tokens, start_b, len_b, src_b, M["dest"], M["src"], M["seed"],
                 M["rid"], M["sidx"], M["max_new"], M["temp"], M["top_k"], M["top_p"], M["stop"],
                 use_filter=use_filter)
         else:
-            # the cache stays on the decode mesh: the source rows' first P positions (all a
-            # prefill reads or writes) go to the params' device, the new ones come back
-            home = self._mesh.devices.flat[0]
+            # only the source rows' first P positions (all a prefill reads or writes) go to the
+            # prefill and only the new rows' come back; with decode devices the cache stays on
+            # them and just these windows move
             P = _bucket(int(np.max(start_b + len_b)), 16, S)
-            src_caches = _pad_window(jax.device_put(_gather_window(self.cache, src_b, P), home), S)
-            new_rows, upd, (tok, lp, raw, code, experts) = self._prefill_rows(
-                params, src_caches, tokens, start_b, len_b, M["src"], M["seed"], M["rid"], M["sidx"], M["max_new"],
+            src_win = _gather_window(self.cache, src_b, P)
+            if self._mesh is not None:
+                src_win = jax.device_put(src_win, self._mesh.devices.flat[0])
+            new_win, upd, (tok, lp, raw, code, experts) = self._prefill(
+                params, src_win, tokens, start_b, len_b, M["src"], M["seed"], M["rid"], M["sidx"], M["max_new"],
                 M["temp"], M["top_k"], M["top_p"], M["stop"], use_filter=use_filter)
-            new_win = _take_window(new_rows, P)
-            new_win = jax.device_put(new_win, unrolled.cache_shardings(self.model_cfg, new_win, self._mesh))
-            upd = jax.device_put(upd, NamedSharding(self._mesh, PartitionSpec()))
-            self.cache, self.state = _write_window(self.cache, self.state, new_win, upd, M["dest"], M["src"])
+            if self._mesh is not None:
+                new_win = jax.device_put(new_win, unrolled.cache_shardings(self.model_cfg, new_win, self._mesh))
+                upd = jax.device_put(upd, NamedSharding(self._mesh, PartitionSpec()))
+            self.cache, self.state = _write_rows(self.cache, self.state, new_win, upd, M["dest"], M["src"])
         self.prefill_calls += 1
         tok, lp, raw, code, ex = jax.device_get((tok, lp, raw, code, experts))  # ex: [N, b, L, K] or None
         # cache bookkeeping: every dest slot holds src's cached prefix + the prefilled suffix
