@@ -21,11 +21,15 @@ $(VENV)/.installed: requirements.lock setup.py
 	$(PY) -m pip install -q --no-deps -e .
 	touch $@
 
-# bubblewrap isolates model-written code (c2jax/agent/sandbox.py refuses to run without it).
+# bubblewrap isolates model-written code (c2jax/agent/sandbox.py refuses to run without it);
+# g++ builds the CPU decode kernel (c2jax/models/moe_cpu.cc; without it decode keeps XLA's path).
 system-deps:
 	@command -v bwrap >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null; \
 	  else echo "warning: bubblewrap missing; run: sudo apt-get install bubblewrap"; fi; }
+	@command -v g++ >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq g++ >/dev/null; \
+	  else echo "warning: g++ missing (CPU decode kernel off); run: sudo apt-get install g++"; fi; }
 
 demo: venv
 	$(PY) -m c2jax demo --workdir runs/demo

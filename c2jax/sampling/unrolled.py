@@ -13,6 +13,10 @@ Same math as c2jax.models.forward_with_cache: each layer is the model's own Bloc
 layer's params, its MoE dispatching over the stored per-expert buffers (moe.split_dispatch);
 prefill keeps the model's own forward. Not for quantized weights (the sampler falls back to the model's step).
 
+On CPU in float32 the MoE of each layer is one FFI call (c2jax.models.moe_cpu) reading each
+chosen expert once (XLA's few-row products re-read it per row); C2JAX_CPU_KERNELS=0 keeps the
+XLA dispatch.
+
 Letters: B rows, L tokens per row, D width, V vocab, K experts per token, Y layers.
 """
 from __future__ import annotations
@@ -26,6 +30,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from c2jax.models import transformer as tfm
 from c2jax.models.layers import Linear, RMSNorm, dtype_of
+from c2jax.models import moe_cpu
 from c2jax.models.moe import shard_experts, split_experts
 
 STACKS = (("dense_layers", "dense", False), ("moe_layers", "moe", True))
@@ -39,8 +44,19 @@ def supported(m) -> str | None:
     return None
 
 
+def expert_layout(m, mesh=None) -> str:
+    """How split_params lays out the experts of model config m for decode: "packed" (the
+    one-call CPU kernel, moe_cpu, float32 on CPU where it builds) or "split" (split_experts /
+    ShardedExperts, dispatched by XLA). Set C2JAX_CPU_KERNELS=0 for "split"."""
+    n = 1 if mesh is None else mesh.size
+    E, D, F = m.num_experts, m.hidden_size, m.moe_intermediate_size
+    if not E or dtype_of(m.dtype) != jnp.float32 or moe_cpu.unavailable():
+        return "split"
+    return "split" if moe_cpu.packable(jax.ShapeDtypeStruct((E, D, F), jnp.float32), n) else "packed"
+
+
 @functools.lru_cache(maxsize=8)
-def _splitter(model_json: str, mesh=None):
+def _splitter(model_json: str, mesh=None, layout: str = "split"):
     import json
 
     import ml_collections
@@ -63,7 +79,10 @@ def _splitter(model_json: str, mesh=None):
                 if moe:
                     mp = dict(p["moe"])
                     ws = [mp.pop(k) for k in ("w_gate", "w_up", "w_down")]
-                    mp["experts"] = split_experts(*ws) if mesh is None else shard_experts(*ws, mesh)
+                    if layout == "packed":
+                        mp["experts"] = moe_cpu.pack_experts(*ws, mesh)
+                    else:
+                        mp["experts"] = split_experts(*ws) if mesh is None else shard_experts(*ws, mesh)
                     p = {**p, "moe": mp}
                 layers.append(p)
         out = {"embed": params["embed"].astype(dt), "final_norm": params["final_norm"], "layers": layers}
@@ -76,20 +95,22 @@ def _splitter(model_json: str, mesh=None):
 def split_params(m, params, mesh=None) -> dict:
     """Split params for decode_step (one jitted copy of the weights, in the compute dtype):
     {embed, final_norm, lm_head?, layers: [per-layer params, dense layers first]}, MoE layers'
-    experts as moe.split_experts lays them out. Every array is its own buffer.
+    experts as expert_layout picks: moe_cpu.PackedExperts (one FFI call a layer that reads each
+    chosen expert once) or moe.split_experts' per-expert buffers. Every array is its own buffer.
 
     With a 1-D mesh of n host devices (decode_mesh), the step's weight reads are split over the
     devices (on CPU XLA runs one device's matmuls one at a time, so one device streams weights
-    from one core): MoE experts become moe.ShardedExperts (each device holds 1/n of every expert's
-    hidden columns, or whole experts when n does not divide that size), GQA attention is
+    from one core): each device holds 1/n of every expert's hidden columns (PackedExperts, or
+    moe.ShardedExperts, which falls back to whole experts when n does not divide that size), GQA attention is
     split by heads (q/k/v_proj by output columns, o_proj by input rows; the cache by KV head,
     cache_shardings) and the output head by vocab; everything else is replicated. XLA inserts
     the reductions."""
     reason = supported(m)
     if reason:
         raise ValueError(f"split decode params do not support {reason}")
+    layout = expert_layout(m, mesh)
     if mesh is None or mesh.size == 1:
-        return _splitter(m.to_json())(params)
+        return _splitter(m.to_json(), None, layout)(params)
     n = mesh.size
     if not m.num_experts or (m.moe_intermediate_size % n and m.num_experts % n):
         raise ValueError(f"decode over {n} devices needs a MoE model whose moe_intermediate_size "
@@ -99,7 +120,7 @@ def split_params(m, params, mesh=None) -> dict:
 
     def spec(path, a):
         names = [getattr(k, "key", None) for k in path]
-        if "experts" in names:    # ShardedExperts slots: [n, ...], row d on device d
+        if "experts" in names:    # ShardedExperts slots / PackedExperts: [n, ...], row d on device d
             return P(ax)
         if heads and "attn" in names and names[-1] in ("kernel", "bias"):
             if {"q_proj", "k_proj", "v_proj"} & set(names):
@@ -110,7 +131,7 @@ def split_params(m, params, mesh=None) -> dict:
             return P(None, ax)
         return P()
 
-    sp = _splitter(m.to_json(), mesh)(params)
+    sp = _splitter(m.to_json(), mesh, layout)(params)
     return jax.tree_util.tree_map_with_path(lambda p, a: jax.device_put(a, NamedSharding(mesh, spec(p, a))), sp)
 
 

@@ -1,5 +1,6 @@
 """Decode over several host devices (Sampler(decode_devices=n), unrolled.split_params with a
-mesh): experts split over devices (moe.ShardedExperts, by hidden columns or whole experts), GQA attention split by heads and the
+mesh): experts split over devices (the CPU kernel's moe_cpu.PackedExperts by hidden columns, or
+moe.ShardedExperts by hidden columns or whole experts), GQA attention split by heads and the
 output head by vocab give what one device gives, on fresh random inputs; bad requests fail
 with a clear error."""
 import jax
@@ -11,6 +12,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 import c2jax
 from c2jax.config import load_config
 from c2jax.models import moe as moe_lib
+from c2jax.models import moe_cpu
 from c2jax.sampling import Request, Sampler, unrolled
 
 
@@ -43,6 +45,31 @@ def test_sharded_split_dispatch_equals_one_device(n, T, skew, split):
     assert float(dropped) == 0.0
 
 
+@pytest.mark.parametrize("n", [2, 4, 8])
+@pytest.mark.parametrize("T,skew", [(1, False), (8, False), (11, True)])
+def test_packed_experts_over_devices_equal_one_device(n, T, skew):
+    """The CPU kernel with each device holding 1/n of every expert's hidden columns (then a psum)
+    equals the kernel on one device and the XLA dispatch."""
+    rng = np.random.default_rng(100 * n + T)
+    D, F, E, K = 32, 128, 8, 2
+    x = jnp.asarray(rng.standard_normal((T, D)), jnp.float32)
+    if skew:  # every token picks expert 0 (more than 8 rows: two row blocks) plus one other
+        ids = np.stack([[0, rng.integers(1, E)] for _ in range(T)])
+    else:
+        ids = np.stack([rng.choice(E, K, replace=False) for _ in range(T)])
+    ids = jnp.asarray(ids, jnp.int32)
+    wts = jnp.asarray(rng.uniform(0.1, 1.0, (T, K)), jnp.float32)
+    ws = [jnp.asarray(0.3 * rng.standard_normal(s), jnp.float32) for s in ((E, D, F), (E, D, F), (E, F, D))]
+    one = jax.jit(moe_lib.split_dispatch)(x, ids, wts, moe_cpu.pack_experts(*ws))[0]
+    mesh = unrolled.decode_mesh(n)
+    packed = jax.device_put(moe_cpu.pack_experts(*ws, mesh), NamedSharding(mesh, P("decode")))
+    assert packed.w_gate_up.shape[0] == n and len(packed.w_gate_up.sharding.device_set) == n
+    got = jax.jit(moe_lib.split_dispatch)(x, ids, wts, packed)[0]
+    np.testing.assert_allclose(got, one, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(got, moe_lib.split_dispatch(x, ids, wts, moe_lib.split_experts(*ws))[0],
+                               atol=1e-5, rtol=1e-5)
+
+
 def test_shard_experts_layout_choice_and_errors():
     mesh = unrolled.decode_mesh(4)
     ws = [jnp.ones(s, jnp.float32) for s in ((8, 16, 6), (8, 16, 6), (8, 6, 16))]  # F = 6: 4 does not divide it
@@ -73,11 +100,15 @@ def _generate(cfg, params, n, swap=None):
     return s, [c for r in rids for c in s.results(r)]
 
 
-@pytest.mark.parametrize("preset", ["configs/tiny.py", "configs/tiny.py:mla"])
-@pytest.mark.parametrize("n", [2, 4])
-def test_sampler_over_devices_matches_one_device(preset, n):
+@pytest.mark.parametrize("preset,n,layout", [("configs/tiny.py", 2, "packed"), ("configs/tiny.py", 4, "packed"),
+                                             ("configs/tiny.py:mla", 2, "packed"), ("configs/tiny.py:mla", 4, "packed"),
+                                             ("configs/tiny.py", 2, "split"), ("configs/tiny.py:mla", 4, "split")])
+def test_sampler_over_devices_matches_one_device(preset, n, layout, monkeypatch):
     """Greedy and sampled tokens, expert ids and policy versions equal one device's (a weight swap
-    mid-generation included); behaviour logprobs agree to float32 rounding."""
+    mid-generation included); behaviour logprobs agree to float32 rounding. Experts as the CPU
+    kernel's PackedExperts (the default here) and as ShardedExperts (kernel off)."""
+    if layout == "split":
+        monkeypatch.setattr(moe_cpu, "unavailable", lambda: "off in this test")
     cfg = load_config(preset)
     params = c2jax.models.init_params(cfg, jax.random.key(1))
     new = jax.tree.map(lambda a: a * 1.05, params)
@@ -93,8 +124,11 @@ def test_sampler_over_devices_matches_one_device(preset, n):
     assert all("ab" not in "".join("abcd"[t % 4] for t in c.tokens[:-1]) for c in got[6:10])
     # the weights really are split: experts over the devices, GQA heads and the vocab too
     lay = s._decode_params["layers"][-1]
-    assert isinstance(lay["moe"]["experts"], moe_lib.ShardedExperts)
-    assert lay["moe"]["experts"].slots[0][0].sharding.spec == P("decode")
+    ex = lay["moe"]["experts"]
+    if layout == "packed":
+        assert isinstance(ex, moe_cpu.PackedExperts) and ex.w_gate_up.sharding.spec == P("decode")
+    else:
+        assert isinstance(ex, moe_lib.ShardedExperts) and ex.slots[0][0].sharding.spec == P("decode")
     m = s.model_cfg
     if m.attention != "mla" and m.num_kv_heads % n == 0:
         assert lay["attn"]["q_proj"]["kernel"].sharding.spec == P(None, "decode")

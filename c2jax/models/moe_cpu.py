@@ -1,0 +1,158 @@
+"""The decode-step MoE on CPU as one XLA FFI call (moe_cpu.cc) that reads every chosen expert once.
+
+Why: XLA CPU runs a product of 2-8 rows at 5-9 GB/s on one core against 11-14 GB/s for a
+one-row product, so split_dispatch runs few-row windows row by row, and an expert picked by r
+rows is streamed r times (batch 8, 16 experts top-2: 16 expert reads a layer for ~10 distinct
+experts). The kernel streams each chosen expert's packed weights once for up to 8 rows at the
+one-row rate (measured in experiments/bench/README.md).
+
+Built at first use with the host's g++ (-O3 -march=native) into C2JAX_KERNEL_CACHE
+(default ~/.cache/c2jax), keyed by the source, the flags, the jaxlib version and the CPU's
+feature flags. Off with C2JAX_CPU_KERNELS=0; where it cannot build, `unavailable()` says why
+and the decode step keeps split_dispatch.
+
+Letters: T tokens, K experts per token, E experts, D width, F expert width, n devices.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import jaxlib
+
+PANEL = 16   # output columns per packed panel (moe_cpu.cc kPanel)
+TARGET = "c2jax_moe_ffn"
+SOURCE = Path(__file__).with_name("moe_cpu.cc")
+FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno")
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return os.uname().machine
+
+
+@functools.lru_cache(maxsize=1)
+def _build() -> tuple[ctypes.CDLL | None, str | None]:
+    if os.environ.get("C2JAX_CPU_KERNELS", "1") == "0":
+        return None, "C2JAX_CPU_KERNELS=0"
+    src = SOURCE.read_bytes()
+    key = hashlib.sha256(b"\0".join([src, " ".join(FLAGS).encode(), jaxlib.__version__.encode(),
+                                     _cpu_flags().encode()])).hexdigest()[:16]
+    cache = Path(os.environ.get("C2JAX_KERNEL_CACHE", Path.home() / ".cache" / "c2jax"))
+    lib = cache / f"moe_cpu_{key}.so"
+    if not lib.exists():
+        try:
+            cache.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache)
+            os.close(fd)
+            cmd = [os.environ.get("CXX", "g++"), *FLAGS, f"-I{jax.ffi.include_dir()}", str(SOURCE), "-o", tmp]
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        except (OSError, subprocess.SubprocessError) as e:
+            return None, f"cannot build {SOURCE.name}: {e}"
+        if res.returncode:
+            os.unlink(tmp)
+            return None, f"cannot build {SOURCE.name}: {' '.join(cmd)}\n{res.stderr[-2000:]}"
+        os.replace(tmp, lib)  # atomic: processes building at once each leave a whole library
+    try:
+        dll = ctypes.cdll.LoadLibrary(str(lib))
+        jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(dll.C2jaxMoeFfn), platform="cpu")
+    except (OSError, AttributeError) as e:
+        return None, f"cannot load {lib}: {e}"
+    return dll, None
+
+
+def unavailable() -> str | None:
+    """Why the kernel cannot run in this process (None when it can); builds it on first call."""
+    if jax.default_backend() != "cpu":
+        return f"backend is {jax.default_backend()}, the kernel is CPU-only"
+    return _build()[1]
+
+
+def packable(w_gate_EDF, n: int = 1) -> str | None:
+    """Why experts of this shape cannot be packed over n devices (None when they can)."""
+    E, D, F = w_gate_EDF.shape
+    if w_gate_EDF.dtype != jnp.float32:
+        return f"expert weights are {w_gate_EDF.dtype}, the kernel is float32"
+    if F % n:
+        return f"{n} devices do not divide expert width {F}"
+    if D % (2 * PANEL) or (F // n) % PANEL:
+        return f"width {D} must be a multiple of {2 * PANEL} and expert width per device {F // n} of {PANEL}"
+    return None
+
+
+def _panels(w_EKN):
+    """[E, K, N] -> packed panels [E, N/16, K, 16]."""
+    E, K, N = w_EKN.shape
+    return w_EKN.reshape(E, K, N // PANEL, PANEL).transpose(0, 2, 1, 3)
+
+
+@jax.tree_util.register_pytree_node_class
+class PackedExperts:
+    """Expert weights packed for moe_ffn, device d (of a 1-D mesh of n, or one device) holding
+    hidden columns [d f, (d + 1) f) of every expert, f = F / n:
+      w_gate_up [n, E, 2f/16, D, 16]  (gate columns then up columns, in panels of 16)
+      w_down    [n, E, D/16, f, 16]
+    With a mesh, put both on it sharded on axis 0."""
+
+    def __init__(self, w_gate_up, w_down, mesh=None):
+        self.w_gate_up, self.w_down, self.mesh = w_gate_up, w_down, mesh
+
+    def tree_flatten(self):
+        return (self.w_gate_up, self.w_down), self.mesh
+
+    @classmethod
+    def tree_unflatten(cls, mesh, children):
+        return cls(*children, mesh)
+
+
+def pack_experts(w_gate_EDF, w_up_EDF, w_down_EFD, mesh=None) -> PackedExperts:
+    """Stacked expert weights -> PackedExperts (hidden columns split over mesh's n devices).
+    Jit-friendly; raises ValueError when packable() says no."""
+    n = 1 if mesh is None else mesh.size
+    why = packable(w_gate_EDF, n)
+    if why:
+        raise ValueError(f"cannot pack experts for the CPU kernel: {why}")
+    E, D, F = w_gate_EDF.shape
+    f = F // n
+    gate_nEDf, up_nEDf = (w.reshape(E, D, n, f).transpose(2, 0, 1, 3) for w in (w_gate_EDF, w_up_EDF))
+    wgu_nED2f = jnp.concatenate([gate_nEDf, up_nEDf], axis=3)
+    wd_nEfD = w_down_EFD.reshape(E, n, f, D).transpose(1, 0, 2, 3)
+    wgu = jax.vmap(_panels)(wgu_nED2f)
+    wd = jax.vmap(_panels)(wd_nEfD)
+    return PackedExperts(wgu, wd, mesh)
+
+
+def _call(x_TD, ids_TK, weights_TK, w_gate_up, w_down):
+    out = jax.ShapeDtypeStruct(x_TD.shape, jnp.float32)
+    return jax.ffi.ffi_call(TARGET, out)(x_TD.astype(jnp.float32), ids_TK.astype(jnp.int32),
+                                         weights_TK.astype(jnp.float32), w_gate_up, w_down)
+
+
+def moe_ffn(x_TD, ids_TK, weights_TK, experts: PackedExperts):
+    """f32 [T, D]: sum over k of weights[t, k] * SwiGLU expert ids[t, k] of x[t], each chosen
+    expert's weights read once (per device: its hidden columns, then a psum)."""
+    why = unavailable()
+    if why:
+        raise RuntimeError(f"the CPU MoE kernel is unavailable: {why}")
+    if experts.mesh is None or experts.mesh.size == 1:
+        return _call(x_TD, ids_TK, weights_TK, experts.w_gate_up, experts.w_down)
+    from jax.sharding import PartitionSpec as P
+    axis = experts.mesh.axis_names[0]
+
+    def local(x_TD, ids_TK, weights_TK, wgu, wd):
+        return jax.lax.psum(_call(x_TD, ids_TK, weights_TK, wgu, wd), axis)
+
+    return jax.shard_map(local, mesh=experts.mesh, in_specs=(P(), P(), P(), P(axis), P(axis)), out_specs=P(),
+                         check_vma=False)(x_TD, ids_TK, weights_TK, experts.w_gate_up, experts.w_down)
