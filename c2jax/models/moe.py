@@ -205,7 +205,7 @@ def shard_experts(w_gate_EDF, w_up_EDF, w_down_EFD, mesh, split: str | None = No
 def split_dispatch(x_TD, ids_TK, weights_TK, experts):
     """Dropless over per-expert weight buffers: experts[e] = (w_gate_up_D2F, w_down_FD), each its
     own array (split_experts), or a ShardedExperts (each device runs its slice of the experts;
-    the partial outputs are summed), or a moe_cpu.PackedExperts (one FFI call a device that
+    the partial outputs are summed), or a cpu_kernels.PackedExperts (one FFI call a device that
     reads each chosen expert once; the CPU decode path's default where it builds). Assignments are sorted by expert; each expert that some token chose runs one
     SwiGLU on a window of the sorted rows starting at its first row, the window being the
     smallest power of two >= its count (lax.switch; padded to the widest window W); unchosen
@@ -215,9 +215,9 @@ def split_dispatch(x_TD, ids_TK, weights_TK, experts):
     are written back in place, each expert's own rows only. Windows of <= ROW_WISE_MAX_ROWS
     rows run as one-row matmuls (XLA CPU's few-row matmuls stream weights slower than one-row ones)."""
     dt = x_TD.dtype
-    from c2jax.models import moe_cpu
-    if isinstance(experts, moe_cpu.PackedExperts):
-        out_TD = moe_cpu.moe_ffn(x_TD, ids_TK, weights_TK, experts)
+    from c2jax.models import cpu_kernels
+    if isinstance(experts, cpu_kernels.PackedExperts):
+        out_TD = cpu_kernels.moe_ffn(x_TD, ids_TK, weights_TK, experts)
     elif isinstance(experts, ShardedExperts):
         out_TD = _sharded_split(x_TD, ids_TK, weights_TK, experts)
     else:

@@ -13,9 +13,9 @@ Same math as c2jax.models.forward_with_cache: each layer is the model's own Bloc
 layer's params, its MoE dispatching over the stored per-expert buffers (moe.split_dispatch);
 prefill keeps the model's own forward. Not for quantized weights (the sampler falls back to the model's step).
 
-On CPU in float32 the MoE of each layer is one FFI call (c2jax.models.moe_cpu) reading each
-chosen expert once (XLA's few-row products re-read it per row); C2JAX_CPU_KERNELS=0 keeps the
-XLA dispatch.
+On CPU in float32 the MoE of each layer and the output head are FFI calls (c2jax.models.cpu_kernels)
+streaming each weight once for up to 8 rows (XLA CPU's few-row products stream at a third of
+the one-row rate, so the XLA dispatch runs rows one by one); C2JAX_CPU_KERNELS=0 keeps XLA's.
 
 Letters: B rows, L tokens per row, D width, V vocab, K experts per token, Y layers.
 """
@@ -30,7 +30,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from c2jax.models import transformer as tfm
 from c2jax.models.layers import Linear, RMSNorm, dtype_of
-from c2jax.models import moe_cpu
+from c2jax.models import cpu_kernels
 from c2jax.models.moe import shard_experts, split_experts
 
 STACKS = (("dense_layers", "dense", False), ("moe_layers", "moe", True))
@@ -46,13 +46,13 @@ def supported(m) -> str | None:
 
 def expert_layout(m, mesh=None) -> str:
     """How split_params lays out the experts of model config m for decode: "packed" (the
-    one-call CPU kernel, moe_cpu, float32 on CPU where it builds) or "split" (split_experts /
+    one-call CPU kernel, cpu_kernels, float32 on CPU where it builds) or "split" (split_experts /
     ShardedExperts, dispatched by XLA). Set C2JAX_CPU_KERNELS=0 for "split"."""
     n = 1 if mesh is None else mesh.size
     E, D, F = m.num_experts, m.hidden_size, m.moe_intermediate_size
-    if not E or dtype_of(m.dtype) != jnp.float32 or moe_cpu.unavailable():
+    if not E or dtype_of(m.dtype) != jnp.float32 or cpu_kernels.unavailable():
         return "split"
-    return "split" if moe_cpu.packable(jax.ShapeDtypeStruct((E, D, F), jnp.float32), n) else "packed"
+    return "split" if cpu_kernels.packable(jax.ShapeDtypeStruct((E, D, F), jnp.float32), n) else "packed"
 
 
 @functools.lru_cache(maxsize=8)
@@ -80,7 +80,7 @@ def _splitter(model_json: str, mesh=None, layout: str = "split"):
                     mp = dict(p["moe"])
                     ws = [mp.pop(k) for k in ("w_gate", "w_up", "w_down")]
                     if layout == "packed":
-                        mp["experts"] = moe_cpu.pack_experts(*ws, mesh)
+                        mp["experts"] = cpu_kernels.pack_experts(*ws, mesh)
                     else:
                         mp["experts"] = split_experts(*ws) if mesh is None else shard_experts(*ws, mesh)
                     p = {**p, "moe": mp}
@@ -88,15 +88,20 @@ def _splitter(model_json: str, mesh=None, layout: str = "split"):
         out = {"embed": params["embed"].astype(dt), "final_norm": params["final_norm"], "layers": layers}
         if "lm_head" in params:
             out["lm_head"] = cast(params["lm_head"])
+        head_DV = out["lm_head"]["kernel"] if "lm_head" in out else out["embed"].T
+        if layout == "packed" and not cpu_kernels.matrix_packable(head_DV, 1 if mesh is None else mesh.size):
+            out["head"] = cpu_kernels.pack_matrix(head_DV, mesh)   # the output head, read once per 8 rows
+            out.pop("lm_head", None)
         return out
     return split
 
 
 def split_params(m, params, mesh=None) -> dict:
     """Split params for decode_step (one jitted copy of the weights, in the compute dtype):
-    {embed, final_norm, lm_head?, layers: [per-layer params, dense layers first]}, MoE layers'
-    experts as expert_layout picks: moe_cpu.PackedExperts (one FFI call a layer that reads each
-    chosen expert once) or moe.split_experts' per-expert buffers. Every array is its own buffer.
+    {embed, final_norm, lm_head? or head?, layers: [per-layer params, dense layers first]}, MoE layers'
+    experts as expert_layout picks: cpu_kernels.PackedExperts (one FFI call a layer that reads each
+    chosen expert once) or moe.split_experts' per-expert buffers; with the kernels, the output head
+    (lm_head, or the tied embedding) is a cpu_kernels.PackedMatrix "head". Every array is its own buffer.
 
     With a 1-D mesh of n host devices (decode_mesh), the step's weight reads are split over the
     devices (on CPU XLA runs one device's matmuls one at a time, so one device streams weights
@@ -127,6 +132,8 @@ def split_params(m, params, mesh=None) -> dict:
                 return P(ax) if a.ndim == 1 else P(None, ax)
             if "o_proj" in names and a.ndim == 2:
                 return P(ax, None)
+        if names[0] == "head":    # PackedMatrix [n, ...]: device d holds vocab columns [d V/n, (d + 1) V/n)
+            return P(ax)
         if "lm_head" in names and a.ndim == 2 and a.shape[1] % n == 0:
             return P(None, ax)
         return P()
@@ -204,7 +211,10 @@ def decode_step(m, sp, tokens_BL, positions_BL, caches: list) -> tfm.ForwardOutp
         new_caches.append(cache)
     norm = RMSNorm(m.rms_norm_eps, "embed", pdt)
     h_BLD = norm.apply({"params": sp["final_norm"]}, x_BLD)
-    if m.tie_embeddings:
+    if "head" in sp:  # packed for the CPU kernel (split_params)
+        B, L, D = h_BLD.shape
+        logits = cpu_kernels.matmul(h_BLD.reshape(B * L, D), sp["head"]).reshape(B, L, -1)
+    elif m.tie_embeddings:
         logits = jnp.einsum("bld,vd->blv", h_BLD, sp["embed"], preferred_element_type=jnp.float32)
     else:
         head = Linear(m.vocab_size, ("embed", "vocab"), dtype=dt, param_dtype=pdt, init_std=m.init_std)

@@ -1,5 +1,5 @@
 """Decode over several host devices (Sampler(decode_devices=n), unrolled.split_params with a
-mesh): experts split over devices (the CPU kernel's moe_cpu.PackedExperts by hidden columns, or
+mesh): experts split over devices (the CPU kernel's cpu_kernels.PackedExperts by hidden columns, or
 moe.ShardedExperts by hidden columns or whole experts), GQA attention split by heads and the
 output head by vocab give what one device gives, on fresh random inputs; bad requests fail
 with a clear error."""
@@ -12,7 +12,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 import c2jax
 from c2jax.config import load_config
 from c2jax.models import moe as moe_lib
-from c2jax.models import moe_cpu
+from c2jax.models import cpu_kernels
 from c2jax.sampling import Request, Sampler, unrolled
 
 
@@ -60,14 +60,27 @@ def test_packed_experts_over_devices_equal_one_device(n, T, skew):
     ids = jnp.asarray(ids, jnp.int32)
     wts = jnp.asarray(rng.uniform(0.1, 1.0, (T, K)), jnp.float32)
     ws = [jnp.asarray(0.3 * rng.standard_normal(s), jnp.float32) for s in ((E, D, F), (E, D, F), (E, F, D))]
-    one = jax.jit(moe_lib.split_dispatch)(x, ids, wts, moe_cpu.pack_experts(*ws))[0]
+    one = jax.jit(moe_lib.split_dispatch)(x, ids, wts, cpu_kernels.pack_experts(*ws))[0]
     mesh = unrolled.decode_mesh(n)
-    packed = jax.device_put(moe_cpu.pack_experts(*ws, mesh), NamedSharding(mesh, P("decode")))
+    packed = jax.device_put(cpu_kernels.pack_experts(*ws, mesh), NamedSharding(mesh, P("decode")))
     assert packed.w_gate_up.shape[0] == n and len(packed.w_gate_up.sharding.device_set) == n
     got = jax.jit(moe_lib.split_dispatch)(x, ids, wts, packed)[0]
     np.testing.assert_allclose(got, one, atol=1e-5, rtol=1e-5)
     np.testing.assert_allclose(got, moe_lib.split_dispatch(x, ids, wts, moe_lib.split_experts(*ws))[0],
                                atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_packed_matrix_over_devices_equals_one_device(n):
+    """The CPU kernel's output head with vocab columns split over the devices."""
+    rng = np.random.default_rng(n)
+    x = jnp.asarray(rng.standard_normal((11, 24)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((24, 32 * n * 2)), jnp.float32)
+    mesh = unrolled.decode_mesh(n)
+    pm = jax.device_put(cpu_kernels.pack_matrix(w, mesh), NamedSharding(mesh, P("decode")))
+    got = jax.jit(cpu_kernels.matmul)(x, pm)
+    assert got.sharding.spec == P(None, "decode")
+    np.testing.assert_allclose(got, np.asarray(x, np.float64) @ np.asarray(w, np.float64), rtol=1e-5, atol=1e-4)
 
 
 def test_shard_experts_layout_choice_and_errors():
@@ -108,7 +121,7 @@ def test_sampler_over_devices_matches_one_device(preset, n, layout, monkeypatch)
     mid-generation included); behaviour logprobs agree to float32 rounding. Experts as the CPU
     kernel's PackedExperts (the default here) and as ShardedExperts (kernel off)."""
     if layout == "split":
-        monkeypatch.setattr(moe_cpu, "unavailable", lambda: "off in this test")
+        monkeypatch.setattr(cpu_kernels, "unavailable", lambda: "off in this test")
     cfg = load_config(preset)
     params = c2jax.models.init_params(cfg, jax.random.key(1))
     new = jax.tree.map(lambda a: a * 1.05, params)
@@ -126,10 +139,12 @@ def test_sampler_over_devices_matches_one_device(preset, n, layout, monkeypatch)
     lay = s._decode_params["layers"][-1]
     ex = lay["moe"]["experts"]
     if layout == "packed":
-        assert isinstance(ex, moe_cpu.PackedExperts) and ex.w_gate_up.sharding.spec == P("decode")
+        assert isinstance(ex, cpu_kernels.PackedExperts) and ex.w_gate_up.sharding.spec == P("decode")
     else:
         assert isinstance(ex, moe_lib.ShardedExperts) and ex.slots[0][0].sharding.spec == P("decode")
     m = s.model_cfg
+    if layout == "packed":  # the output head: vocab columns over the devices
+        assert "lm_head" not in s._decode_params and s._decode_params["head"].w.sharding.spec == P("decode")
     if m.attention != "mla" and m.num_kv_heads % n == 0:
         assert lay["attn"]["q_proj"]["kernel"].sharding.spec == P(None, "decode")
         assert lay["attn"]["o_proj"]["kernel"].sharding.spec == P("decode", None)

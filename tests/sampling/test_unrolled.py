@@ -13,20 +13,24 @@ import pytest
 import c2jax
 from small_models import small_model_cfg
 from c2jax.models import attention as attn_lib
+from c2jax.models import cpu_kernels
 from c2jax.sampling import Request, Sampler, select_tokens, unrolled
 
 B, P, S = 3, 5, 16  # rows, prompt length, cache slots
 
 
 @functools.cache
-def setup(attention, tie=False):
-    cfg = small_model_cfg(attention, num_layers=3, first_k_dense=1, init_std=0.2, tie_embeddings=tie)
+def setup(attention, tie=False, vocab=97):
+    cfg = small_model_cfg(attention, num_layers=3, first_k_dense=1, init_std=0.2, tie_embeddings=tie,
+                          vocab_size=vocab)
     return cfg, c2jax.models.init_params(cfg, jax.random.key(0))
 
 
-@pytest.mark.parametrize("attention,tie", [("gqa", False), ("gqa", True), ("mla", False)])
-def test_decode_step_matches_model_cached_step(attention, tie):
-    cfg, params = setup(attention, tie)
+@pytest.mark.parametrize("attention,tie,vocab", [("gqa", False, 97), ("gqa", True, 97), ("mla", False, 97),
+                                                 ("gqa", False, 128), ("gqa", True, 128), ("mla", False, 128)])
+def test_decode_step_matches_model_cached_step(attention, tie, vocab):
+    """Vocab 128 packs the output head for the CPU kernel (cpu_kernels.PackedMatrix), 97 cannot."""
+    cfg, params = setup(attention, tie, vocab)
     m = cfg.model
     rng = np.random.default_rng(0)
     cache = c2jax.models.init_cache(cfg, B, S)
@@ -37,6 +41,8 @@ def test_decode_step_matches_model_cached_step(attention, tie):
     model_step = jax.jit(lambda p, t, q, c: c2jax.models.forward_with_cache(cfg, p, t, q, c))
     split_step = jax.jit(lambda p, t, q, c: unrolled.decode_step(m, p, t, q, c))
     sp = unrolled.split_params(m, params)
+    assert ("head" in sp) == (vocab == 128) and ("lm_head" in sp) == (vocab == 97 and not tie)
+    assert isinstance(sp["layers"][-1]["moe"]["experts"], cpu_kernels.PackedExperts)
     layers = unrolled.split_cache(cache)
     for step in range(3):
         tok = jnp.asarray(rng.integers(0, m.vocab_size, (B, 1)), jnp.int32)

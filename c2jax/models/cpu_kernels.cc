@@ -1,6 +1,6 @@
 // The MoE layer of a CPU decode step as one XLA FFI call: every expert some row chose is read
 // once, whatever the number of rows that chose it (XLA CPU's few-row products re-read or stream
-// slowly; see c2jax/models/moe_cpu.py). Built at first use by moe_cpu.py with the host's
+// slowly; see c2jax/models/cpu_kernels.py). Built at first use by cpu_kernels.py with the host's
 // compiler; plain GCC vector extensions, so it builds wherever g++ does.
 //
 // Weights are packed in panels of 16 output columns: a [K, N] matrix is stored [N/16][K][16],
@@ -135,7 +135,30 @@ ffi::Error MoeFfn(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> ids, ffi::Buffe
   return ffi::Error::Success();
 }
 
+// y [M, N] = x [M, K] @ W, W packed [N/16, K, 16] (leading dims of size 1 allowed); rows in
+// blocks of 8, each block streaming W once.
+ffi::Error PackedMatmul(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w, ffi::ResultBuffer<ffi::F32> y) {
+  auto xd = x.dimensions(), wd = w.dimensions();
+  const int64_t r = wd.size();
+  if (xd.size() != 2 || r < 3) return Fail("packed_matmul wants x [M, K] and w [..., N/16, K, 16]");
+  for (int64_t i = 0; i + 3 < r; ++i)
+    if (wd[i] != 1) return Fail("packed_matmul: leading dims of w must be 1");
+  const int64_t M = xd[0], K = xd[1], N = wd[r - 3] * kPanel;
+  if (wd[r - 2] != K || wd[r - 1] != kPanel || N % (2 * kPanel))
+    return Fail("packed_matmul: w [N/16, K, 16] (N a multiple of 32) does not match x [M, K]");
+  for (int64_t m = 0; m < M; m += kRows)
+    Rows(static_cast<int>(std::min<int64_t>(kRows, M - m)), x.typed_data() + m * K, K, w.typed_data(), N,
+         y->typed_data() + m * N);
+  return ffi::Error::Success();
+}
+
 }  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(C2jaxPackedMatmul, PackedMatmul,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(C2jaxMoeFfn, MoeFfn,
                               ffi::Ffi::Bind()

@@ -1,4 +1,4 @@
-"""The CPU MoE decode kernel (c2jax.models.moe_cpu): equals a float64 reference of the routed
+"""The CPU MoE decode kernel (c2jax.models.cpu_kernels): equals a float64 reference of the routed
 SwiGLU sum and the XLA split dispatch for fresh random inputs, any row count (1-8 rows share an
 expert stream, more run in blocks), skewed routing and ids no local expert serves; packs panels as
 documented; refuses bad shapes and dtypes with clear errors; a failed build leaves the XLA path."""
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from c2jax.models import moe as moe_lib
-from c2jax.models import moe_cpu
+from c2jax.models import cpu_kernels
 
 pytestmark = pytest.mark.skipif(jax.default_backend() != "cpu", reason="CPU kernel")
 
@@ -34,7 +34,7 @@ def _reference(x, ids, wts, w_gate, w_up, w_down):
 
 
 def test_kernel_builds_here():
-    assert moe_cpu.unavailable() is None
+    assert cpu_kernels.unavailable() is None
 
 
 @pytest.mark.parametrize("T,E,K,D,F,skew", [(1, 4, 2, 32, 16, False), (8, 16, 2, 64, 32, False),
@@ -50,7 +50,7 @@ def test_moe_ffn_equals_float64_reference_and_split_dispatch(T, E, K, D, F, skew
         ids = np.stack([rng.choice(E, K, replace=False) for _ in range(T)])
     ids = jnp.asarray(ids, jnp.int32)
     wts = jnp.asarray(rng.random((T, K)), jnp.float32)
-    got = jax.jit(moe_lib.split_dispatch)(x, ids, wts, jax.jit(moe_cpu.pack_experts)(*ws))[0]
+    got = jax.jit(moe_lib.split_dispatch)(x, ids, wts, jax.jit(cpu_kernels.pack_experts)(*ws))[0]
     want = _reference(x, ids, wts, *ws)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
     xla = jax.jit(moe_lib.split_dispatch)(x, ids, wts, moe_lib.split_experts(*ws))[0]
@@ -64,7 +64,7 @@ def test_ids_outside_the_local_experts_add_nothing():
     x = jnp.asarray(rng.standard_normal((T, D)), jnp.float32)
     ids = jnp.asarray([[0, -1], [E, 2], [3, 1], [E + 7, -5], [2, 2]], jnp.int32)
     wts = jnp.asarray(rng.random((T, 2)), jnp.float32)
-    got = jax.jit(moe_cpu.moe_ffn)(x, ids, wts, moe_cpu.pack_experts(*ws))
+    got = jax.jit(cpu_kernels.moe_ffn)(x, ids, wts, cpu_kernels.pack_experts(*ws))
     want = _reference(x, ids, wts, *ws)
     assert np.all(np.asarray(got[3]) == 0) and np.abs(want[0]).max() > 0
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
@@ -77,7 +77,7 @@ def test_pack_layout_is_panels_of_16_columns_split_by_device():
 
     class Mesh2:  # pack_experts reads only .size
         size = n
-    pk = moe_cpu.pack_experts(wg, wu, wd, Mesh2())
+    pk = cpu_kernels.pack_experts(wg, wu, wd, Mesh2())
     assert pk.w_gate_up.shape == (n, E, 2 * F // n // 16, D, 16) and pk.w_down.shape == (n, E, D // 16, F // n, 16)
     f = F // n
     # device 1, expert 2, panel 0 = gate columns [f, f + 16); panel f/16 = up columns [f, f + 16)
@@ -90,26 +90,46 @@ def test_pack_layout_is_panels_of_16_columns_split_by_device():
 def test_bad_shapes_and_dtypes_are_refused_clearly():
     rng = np.random.default_rng(2)
     wg, wu, wd = _weights(rng, 4, 40, 16)
-    assert "multiple of 32" in moe_cpu.packable(wg)
+    assert "multiple of 32" in cpu_kernels.packable(wg)
     with pytest.raises(ValueError, match="cannot pack experts"):
-        moe_cpu.pack_experts(wg, wu, wd)
-    assert "float32" in moe_cpu.packable(wg.astype(jnp.bfloat16))
+        cpu_kernels.pack_experts(wg, wu, wd)
+    assert "float32" in cpu_kernels.packable(wg.astype(jnp.bfloat16))
     wg, wu, wd = _weights(rng, 4, 32, 16)
-    pk = moe_cpu.pack_experts(wg, wu, wd)
+    pk = cpu_kernels.pack_experts(wg, wu, wd)
     x = jnp.ones((3, 64), jnp.float32)  # width 64 against experts packed for 32
     with pytest.raises(Exception, match="do not match x"):
-        moe_cpu.moe_ffn(x, jnp.zeros((3, 2), jnp.int32), jnp.ones((3, 2)), pk)
+        cpu_kernels.moe_ffn(x, jnp.zeros((3, 2), jnp.int32), jnp.ones((3, 2)), pk)
 
 
 def test_failed_build_is_reported_and_the_decode_step_keeps_xla(tmp_path):
-    code = ("import jax; from c2jax.models import moe_cpu; from c2jax.sampling import unrolled; "
+    code = ("import jax; from c2jax.models import cpu_kernels; from c2jax.sampling import unrolled; "
             "from c2jax import config; m = config.load_config_file('configs/tiny.py').model; "
-            "print(moe_cpu.unavailable().splitlines()[0]); print(unrolled.expert_layout(m))")
+            "print(cpu_kernels.unavailable().splitlines()[0]); print(unrolled.expert_layout(m))")
     env = {"PATH": "/usr/bin:/bin", "JAX_PLATFORMS": "cpu", "CXX": "false", "C2JAX_KERNEL_CACHE": str(tmp_path)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr
     why, layout = out.stdout.strip().splitlines()
-    assert why.startswith("cannot build moe_cpu.cc") and layout == "split"
+    assert why.startswith("cannot build cpu_kernels.cc") and layout == "split"
     env["C2JAX_CPU_KERNELS"], env["CXX"] = "0", "g++"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert out.stdout.strip().splitlines() == ["C2JAX_CPU_KERNELS=0", "split"], out.stderr
+
+
+@pytest.mark.parametrize("M,K,N", [(1, 32, 32), (5, 48, 96), (8, 64, 64), (13, 40, 128), (32, 16, 64)])
+def test_packed_matmul_equals_float64(M, K, N):
+    rng = np.random.default_rng(M * K)
+    x = jnp.asarray(rng.standard_normal((M, K)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((K, N)), jnp.float32)
+    got = jax.jit(cpu_kernels.matmul)(x, cpu_kernels.pack_matrix(w))
+    want = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+def test_matrix_packing_refuses_what_the_kernel_cannot_run():
+    assert "multiple of 32" in cpu_kernels.matrix_packable(jnp.ones((8, 97)))
+    assert "float32" in cpu_kernels.matrix_packable(jnp.ones((8, 64), jnp.bfloat16))
+    with pytest.raises(ValueError, match="cannot pack a \\(8, 48\\) weight"):
+        cpu_kernels.pack_matrix(jnp.ones((8, 48)))
+    pm = cpu_kernels.pack_matrix(jnp.ones((8, 64)))
+    with pytest.raises(Exception, match="does not match x"):
+        cpu_kernels.matmul(jnp.ones((2, 9)), pm)

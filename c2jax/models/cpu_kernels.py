@@ -1,4 +1,5 @@
-"""The decode-step MoE on CPU as one XLA FFI call (moe_cpu.cc) that reads every chosen expert once.
+"""CPU decode kernels (XLA FFI calls, cpu_kernels.cc) that stream each weight once for up to 8 rows:
+the MoE layer (every chosen expert read once) and the output head.
 
 Why: XLA CPU runs a product of 2-8 rows at 5-9 GB/s on one core against 11-14 GB/s for a
 one-row product, so split_dispatch runs few-row windows row by row, and an expert picked by r
@@ -27,9 +28,10 @@ import jax
 import jax.numpy as jnp
 import jaxlib
 
-PANEL = 16   # output columns per packed panel (moe_cpu.cc kPanel)
+PANEL = 16   # output columns per packed panel (cpu_kernels.cc kPanel)
 TARGET = "c2jax_moe_ffn"
-SOURCE = Path(__file__).with_name("moe_cpu.cc")
+MATMUL = "c2jax_packed_matmul"
+SOURCE = Path(__file__).with_name("cpu_kernels.cc")
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno")
 
 
@@ -51,7 +53,7 @@ def _build() -> tuple[ctypes.CDLL | None, str | None]:
     key = hashlib.sha256(b"\0".join([src, " ".join(FLAGS).encode(), jaxlib.__version__.encode(),
                                      _cpu_flags().encode()])).hexdigest()[:16]
     cache = Path(os.environ.get("C2JAX_KERNEL_CACHE", Path.home() / ".cache" / "c2jax"))
-    lib = cache / f"moe_cpu_{key}.so"
+    lib = cache / f"cpu_kernels_{key}.so"
     if not lib.exists():
         try:
             cache.mkdir(parents=True, exist_ok=True)
@@ -68,6 +70,7 @@ def _build() -> tuple[ctypes.CDLL | None, str | None]:
     try:
         dll = ctypes.cdll.LoadLibrary(str(lib))
         jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(dll.C2jaxMoeFfn), platform="cpu")
+        jax.ffi.register_ffi_target(MATMUL, jax.ffi.pycapsule(dll.C2jaxPackedMatmul), platform="cpu")
     except (OSError, AttributeError) as e:
         return None, f"cannot load {lib}: {e}"
     return dll, None
@@ -156,3 +159,60 @@ def moe_ffn(x_TD, ids_TK, weights_TK, experts: PackedExperts):
 
     return jax.shard_map(local, mesh=experts.mesh, in_specs=(P(), P(), P(), P(axis), P(axis)), out_specs=P(),
                          check_vma=False)(x_TD, ids_TK, weights_TK, experts.w_gate_up, experts.w_down)
+
+
+@jax.tree_util.register_pytree_node_class
+class PackedMatrix:
+    """A [K, N] weight for matmul: w [n, N/n/16, K, 16], device d (of a 1-D mesh of n, or one
+    device) holding output columns [d N/n, (d + 1) N/n) in panels of 16. With a mesh, put w on it
+    sharded on axis 0."""
+
+    def __init__(self, w, mesh=None):
+        self.w, self.mesh = w, mesh
+
+    def tree_flatten(self):
+        return (self.w,), self.mesh
+
+    @classmethod
+    def tree_unflatten(cls, mesh, children):
+        return cls(*children, mesh)
+
+
+def matrix_packable(w_KN, n: int = 1) -> str | None:
+    """Why a [K, N] weight cannot be packed over n devices (None when it can)."""
+    N = w_KN.shape[1]
+    if w_KN.dtype != jnp.float32:
+        return f"weight is {w_KN.dtype}, the kernel is float32"
+    if N % n or (N // n) % (2 * PANEL):
+        return f"columns per device {N}/{n} must be a whole multiple of {2 * PANEL}"
+    return None
+
+
+def pack_matrix(w_KN, mesh=None) -> PackedMatrix:
+    """[K, N] -> PackedMatrix (columns split over mesh's n devices); raises ValueError when
+    matrix_packable says no. Jit-friendly."""
+    n = 1 if mesh is None else mesh.size
+    why = matrix_packable(w_KN, n)
+    if why:
+        raise ValueError(f"cannot pack a {tuple(w_KN.shape)} weight for the CPU kernel: {why}")
+    K, N = w_KN.shape
+    return PackedMatrix(_panels(w_KN.reshape(K, n, N // n).transpose(1, 0, 2)), mesh)
+
+
+def _call_matmul(x_MK, w):
+    out = jax.ShapeDtypeStruct((x_MK.shape[0], w.shape[-3] * PANEL), jnp.float32)
+    return jax.ffi.ffi_call(MATMUL, out)(x_MK.astype(jnp.float32), w)
+
+
+def matmul(x_MK, w: PackedMatrix):
+    """f32 [M, N] = x_MK @ W, each device streaming its columns of W once per 8 rows; with a
+    mesh the result is sharded by columns."""
+    why = unavailable()
+    if why:
+        raise RuntimeError(f"the CPU kernels are unavailable: {why}")
+    if w.mesh is None or w.mesh.size == 1:
+        return _call_matmul(x_MK, w.w)
+    from jax.sharding import PartitionSpec as P
+    axis = w.mesh.axis_names[0]
+    return jax.shard_map(_call_matmul, mesh=w.mesh, in_specs=(P(), P(axis)), out_specs=P(None, axis),
+                         check_vma=False)(x_MK, w.w)
