@@ -1,5 +1,5 @@
 """CPU decode kernels (XLA FFI calls, cpu_kernels.cc) that stream each weight once for up to 8 rows:
-the MoE layer (every chosen expert read once) and the output head.
+the MoE layer (every chosen expert read once), the output head and the other Linear layers.
 
 Why: XLA CPU runs a product of 2-8 rows at 5-9 GB/s on one core against 11-14 GB/s for a
 one-row product, so split_dispatch runs few-row windows row by row, and an expert picked by r
@@ -163,40 +163,48 @@ def moe_ffn(x_TD, ids_TK, weights_TK, experts: PackedExperts):
 
 @jax.tree_util.register_pytree_node_class
 class PackedMatrix:
-    """A [K, N] weight for matmul: w [n, N/n/16, K, 16], device d (of a 1-D mesh of n, or one
-    device) holding output columns [d N/n, (d + 1) N/n) in panels of 16. With a mesh, put w on it
-    sharded on axis 0."""
+    """A [K, N] weight for matmul, in panels of 16 columns, over a 1-D mesh of n devices (or one):
+      split "columns": w [n, N/n/16, K, 16], device d holds output columns [d N/n, (d + 1) N/n)
+                       (the result is sharded by columns);
+      split "rows":    w [n, N/16, K/n, 16], device d holds input rows [d K/n, (d + 1) K/n)
+                       (partial products, summed over the devices).
+    With a mesh, put w on it sharded on axis 0."""
 
-    def __init__(self, w, mesh=None):
-        self.w, self.mesh = w, mesh
+    def __init__(self, w, mesh=None, split: str = "columns"):
+        self.w, self.mesh, self.split = w, mesh, split
 
     def tree_flatten(self):
-        return (self.w,), self.mesh
+        return (self.w,), (self.mesh, self.split)
 
     @classmethod
-    def tree_unflatten(cls, mesh, children):
-        return cls(*children, mesh)
+    def tree_unflatten(cls, aux, children):
+        return cls(*children, *aux)
 
 
-def matrix_packable(w_KN, n: int = 1) -> str | None:
-    """Why a [K, N] weight cannot be packed over n devices (None when it can)."""
-    N = w_KN.shape[1]
+def matrix_packable(w_KN, n: int = 1, split: str = "columns") -> str | None:
+    """Why a [K, N] weight cannot be packed split over n devices (None when it can)."""
+    K, N = w_KN.shape
     if w_KN.dtype != jnp.float32:
         return f"weight is {w_KN.dtype}, the kernel is float32"
-    if N % n or (N // n) % (2 * PANEL):
-        return f"columns per device {N}/{n} must be a whole multiple of {2 * PANEL}"
+    per = N // n if split == "columns" else N
+    if (split == "columns" and N % n) or per % (2 * PANEL):
+        return f"columns per device {N}/{n if split == 'columns' else 1} must be a whole multiple of {2 * PANEL}"
+    if split == "rows" and K % n:
+        return f"{n} devices do not divide the {K} rows"
     return None
 
 
-def pack_matrix(w_KN, mesh=None) -> PackedMatrix:
-    """[K, N] -> PackedMatrix (columns split over mesh's n devices); raises ValueError when
-    matrix_packable says no. Jit-friendly."""
+def pack_matrix(w_KN, mesh=None, split: str = "columns") -> PackedMatrix:
+    """[K, N] -> PackedMatrix (columns or rows split over mesh's n devices); raises ValueError
+    when matrix_packable says no. Jit-friendly."""
     n = 1 if mesh is None else mesh.size
-    why = matrix_packable(w_KN, n)
+    why = matrix_packable(w_KN, n, split)
     if why:
         raise ValueError(f"cannot pack a {tuple(w_KN.shape)} weight for the CPU kernel: {why}")
     K, N = w_KN.shape
-    return PackedMatrix(_panels(w_KN.reshape(K, n, N // n).transpose(1, 0, 2)), mesh)
+    if split == "columns":
+        return PackedMatrix(_panels(w_KN.reshape(K, n, N // n).transpose(1, 0, 2)), mesh, split)
+    return PackedMatrix(_panels(w_KN.reshape(n, K // n, N)), mesh, split)
 
 
 def _call_matmul(x_MK, w):
@@ -205,8 +213,8 @@ def _call_matmul(x_MK, w):
 
 
 def matmul(x_MK, w: PackedMatrix):
-    """f32 [M, N] = x_MK @ W, each device streaming its columns of W once per 8 rows; with a
-    mesh the result is sharded by columns."""
+    """f32 [M, N] = x_MK @ W, each device streaming its part of W once per 8 rows; with a mesh the
+    result is sharded by columns ("columns") or summed over the devices ("rows")."""
     why = unavailable()
     if why:
         raise RuntimeError(f"the CPU kernels are unavailable: {why}")
@@ -214,5 +222,8 @@ def matmul(x_MK, w: PackedMatrix):
         return _call_matmul(x_MK, w.w)
     from jax.sharding import PartitionSpec as P
     axis = w.mesh.axis_names[0]
-    return jax.shard_map(_call_matmul, mesh=w.mesh, in_specs=(P(), P(axis)), out_specs=P(None, axis),
-                         check_vma=False)(x_MK, w.w)
+    if w.split == "columns":
+        return jax.shard_map(_call_matmul, mesh=w.mesh, in_specs=(P(), P(axis)), out_specs=P(None, axis),
+                             check_vma=False)(x_MK, w.w)
+    return jax.shard_map(lambda x, w: jax.lax.psum(_call_matmul(x, w), axis), mesh=w.mesh,
+                         in_specs=(P(None, axis), P(axis)), out_specs=P(), check_vma=False)(x_MK, w.w)

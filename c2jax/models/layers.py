@@ -11,6 +11,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from c2jax.models import cpu_kernels
+
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
@@ -34,6 +36,8 @@ class Linear(nn.Module):
         pre = self.get_variable("params", "kernel") if self.has_variable("params", "kernel") else None
         if hasattr(pre, "values_KN"):  # pre-quantized inference weight (c2jax.sampling.quantized)
             y = quantized_matmul(x.astype(self.dtype), pre).astype(self.dtype)
+        elif isinstance(pre, cpu_kernels.PackedMatrix):  # packed for the CPU decode kernel (sampling.unrolled)
+            y = cpu_kernels.matmul(x.reshape(-1, x.shape[-1]), pre).reshape(*x.shape[:-1], -1).astype(self.dtype)
         else:
             kernel = self.param(
                 "kernel", nn.with_logical_partitioning(nn.initializers.normal(self.init_std), self.axes),

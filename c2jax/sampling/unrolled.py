@@ -84,6 +84,8 @@ def _splitter(model_json: str, mesh=None, layout: str = "split"):
                     else:
                         mp["experts"] = split_experts(*ws) if mesh is None else shard_experts(*ws, mesh)
                     p = {**p, "moe": mp}
+                if layout == "packed":
+                    p = _pack_linears(m, p, mesh)
                 layers.append(p)
         out = {"embed": params["embed"].astype(dt), "final_norm": params["final_norm"], "layers": layers}
         if "lm_head" in params:
@@ -96,12 +98,37 @@ def _splitter(model_json: str, mesh=None, layout: str = "split"):
     return split
 
 
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "q_a_proj", "q_b_proj", "kv_a_proj", "gate", "up", "down")
+
+
+def _pack_linears(m, tree, mesh):
+    """The layer's Linear kernels as cpu_kernels.PackedMatrix where the kernel can run them: all
+    of them on one device; over a mesh, the head-parallel GQA projections (q/k/v by columns,
+    o by rows, as split_params shards them), the rest left to XLA (replicated)."""
+    n = 1 if mesh is None else mesh.size
+    split = {} if n == 1 else ({"q_proj": "columns", "k_proj": "columns", "v_proj": "columns", "o_proj": "rows"}
+                               if _head_parallel(m, n) else {})
+
+    def walk(t):
+        out = {}
+        for k, v in t.items():
+            how = "columns" if n == 1 else split.get(k)
+            if (isinstance(v, dict) and k in LINEARS and getattr(v.get("kernel"), "ndim", 0) == 2 and how
+                    and not cpu_kernels.matrix_packable(v["kernel"], n, how)):
+                out[k] = {**v, "kernel": cpu_kernels.pack_matrix(v["kernel"], mesh, how)}
+            else:
+                out[k] = walk(v) if isinstance(v, dict) else v
+        return out
+    return walk(tree)
+
+
 def split_params(m, params, mesh=None) -> dict:
     """Split params for decode_step (one jitted copy of the weights, in the compute dtype):
     {embed, final_norm, lm_head? or head?, layers: [per-layer params, dense layers first]}, MoE layers'
     experts as expert_layout picks: cpu_kernels.PackedExperts (one FFI call a layer that reads each
     chosen expert once) or moe.split_experts' per-expert buffers; with the kernels, the output head
-    (lm_head, or the tied embedding) is a cpu_kernels.PackedMatrix "head". Every array is its own buffer.
+    (lm_head, or the tied embedding) is a cpu_kernels.PackedMatrix "head" and Linear kernels are
+    PackedMatrix where the kernel can run them (_pack_linears). Every array is its own buffer.
 
     With a 1-D mesh of n host devices (decode_mesh), the step's weight reads are split over the
     devices (on CPU XLA runs one device's matmuls one at a time, so one device streams weights
@@ -126,6 +153,8 @@ def split_params(m, params, mesh=None) -> dict:
     def spec(path, a):
         names = [getattr(k, "key", None) for k in path]
         if "experts" in names:    # ShardedExperts slots / PackedExperts: [n, ...], row d on device d
+            return P(ax)
+        if "kernel" in names and isinstance(names[-1], int):  # a PackedMatrix's w: [n, ...], row d on device d
             return P(ax)
         if heads and "attn" in names and names[-1] in ("kernel", "bias"):
             if {"q_proj", "k_proj", "v_proj"} & set(names):

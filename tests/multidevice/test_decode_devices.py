@@ -70,16 +70,18 @@ def test_packed_experts_over_devices_equal_one_device(n, T, skew):
                                atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("split", ["columns", "rows"])
 @pytest.mark.parametrize("n", [2, 4, 8])
-def test_packed_matrix_over_devices_equals_one_device(n):
-    """The CPU kernel's output head with vocab columns split over the devices."""
+def test_packed_matrix_over_devices_equals_one_device(n, split):
+    """The CPU kernel's matmul with columns (the output head, q/k/v) or rows (o_proj) split over
+    the devices."""
     rng = np.random.default_rng(n)
-    x = jnp.asarray(rng.standard_normal((11, 24)), jnp.float32)
-    w = jnp.asarray(rng.standard_normal((24, 32 * n * 2)), jnp.float32)
+    x = jnp.asarray(rng.standard_normal((11, 8 * n)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((8 * n, 32 * n * 2)), jnp.float32)
     mesh = unrolled.decode_mesh(n)
-    pm = jax.device_put(cpu_kernels.pack_matrix(w, mesh), NamedSharding(mesh, P("decode")))
+    pm = jax.device_put(cpu_kernels.pack_matrix(w, mesh, split), NamedSharding(mesh, P("decode")))
     got = jax.jit(cpu_kernels.matmul)(x, pm)
-    assert got.sharding.spec == P(None, "decode")
+    assert got.sharding.spec == (P(None, "decode") if split == "columns" else P())
     np.testing.assert_allclose(got, np.asarray(x, np.float64) @ np.asarray(w, np.float64), rtol=1e-5, atol=1e-4)
 
 
@@ -145,7 +147,10 @@ def test_sampler_over_devices_matches_one_device(preset, n, layout, monkeypatch)
     m = s.model_cfg
     if layout == "packed":  # the output head: vocab columns over the devices
         assert "lm_head" not in s._decode_params and s._decode_params["head"].w.sharding.spec == P("decode")
-    if m.attention != "mla" and m.num_kv_heads % n == 0:
+    if m.attention != "mla" and m.num_kv_heads % n == 0 and layout == "packed":
+        q, o = lay["attn"]["q_proj"]["kernel"], lay["attn"]["o_proj"]["kernel"]
+        assert (q.split, o.split) == ("columns", "rows") and q.w.sharding.spec == o.w.sharding.spec == P("decode")
+    elif m.attention != "mla" and m.num_kv_heads % n == 0:
         assert lay["attn"]["q_proj"]["kernel"].sharding.spec == P(None, "decode")
         assert lay["attn"]["o_proj"]["kernel"].sharding.spec == P("decode", None)
     # after decoding the cache stays on the decode devices until a prefill needs it

@@ -43,6 +43,9 @@ def test_decode_step_matches_model_cached_step(attention, tie, vocab):
     sp = unrolled.split_params(m, params)
     assert ("head" in sp) == (vocab == 128) and ("lm_head" in sp) == (vocab == 97 and not tie)
     assert isinstance(sp["layers"][-1]["moe"]["experts"], cpu_kernels.PackedExperts)
+    if vocab == 128:  # every Linear whose columns are a multiple of 32 is packed
+        assert isinstance(sp["layers"][0]["mlp"]["down"]["kernel"], cpu_kernels.PackedMatrix)  # gate: 48 columns, XLA
+        assert isinstance(sp["layers"][-1]["attn"]["o_proj"]["kernel"], cpu_kernels.PackedMatrix)
     layers = unrolled.split_cache(cache)
     for step in range(3):
         tok = jnp.asarray(rng.integers(0, m.vocab_size, (B, 1)), jnp.int32)
