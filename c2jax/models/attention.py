@@ -219,9 +219,12 @@ def _cp_prefill(L: int) -> bool:
 
 
 class GQAAttention(nn.Module):
-    """Grouped-query attention with optional per-head QK RMSNorm before RoPE (Qwen3)."""
+    """Grouped-query attention with optional per-head QK RMSNorm before RoPE (Qwen3). With a
+    cache, `span` (static) limits the keys read to cache slots [0, span): the caller promises no
+    query position reaches span (the sampler's decode chunks, which bucket it by the rows' positions)."""
 
     cfg: object
+    span: int | None = None
 
     @nn.compact
     def __call__(self, x_BLD, positions_BL, segment_ids_BL, cache=None):
@@ -252,14 +255,13 @@ class GQAAttention(nn.Module):
         else:
             new_cache = {"k": write_cache(cache["k"], k, positions_BL),
                          "v": write_cache(cache["v"], v, positions_BL)}
-            S = new_cache["k"].shape[1]
+            S = min(self.span or new_cache["k"].shape[1], new_cache["k"].shape[1])
+            k_BSGP, v_BSGP = (new_cache[n][:, :S].astype(dt) for n in ("k", "v"))
             slots_BS = jnp.broadcast_to(jnp.arange(S, dtype=jnp.int32), (B, S))
             if L <= DECODE_MAX_QUERIES and target_backend() == "cpu":
-                out = decode_attention(q, new_cache["k"].astype(dt), new_cache["v"].astype(dt),
-                                       attention_mask(positions_BL, slots_BS), scale)
+                out = decode_attention(q, k_BSGP, v_BSGP, attention_mask(positions_BL, slots_BS), scale)
             else:
-                out = _attend(m, q, new_cache["k"].astype(dt), new_cache["v"].astype(dt),
-                              positions_BL, None, slots_BS, None, scale)
+                out = _attend(m, q, k_BSGP, v_BSGP, positions_BL, None, slots_BS, None, scale)
         out = nn.with_logical_constraint(out, ("batch", "length", "heads", "head_dim"))
         return Linear(m.hidden_size, ("heads", "embed"), name="o_proj", dtype=dt, param_dtype=pdt,
                       init_std=m.init_std)(out.reshape(B, L, H * P)), new_cache
@@ -268,9 +270,11 @@ class GQAAttention(nn.Module):
 class MLAAttention(nn.Module):
     """Multi-head latent attention. Training expands the latent to per-head K/V; with a cache
     (prefill/decode) only the latent C and the shared rotary key R are stored, and the
-    up-projection is absorbed into the query and output (no per-head K/V materialized)."""
+    up-projection is absorbed into the query and output (no per-head K/V materialized). `span`:
+    as GQAAttention's."""
 
     cfg: object
+    span: int | None = None
 
     @nn.compact
     def __call__(self, x_BLD, positions_BL, segment_ids_BL, cache=None):
@@ -319,8 +323,9 @@ class MLAAttention(nn.Module):
         else:
             new_cache = {"latent": write_cache(cache["latent"], latent_BLC, positions_BL),
                          "k_rope": write_cache(cache["k_rope"], k_rope_BLR, positions_BL)}
-            out = mla_absorbed_attention(q_nope, q_rope, new_cache["latent"], new_cache["k_rope"], kv_b_CHX,
-                                         positions_BL, scale, dt)
+            S = self.span or new_cache["latent"].shape[1]
+            out = mla_absorbed_attention(q_nope, q_rope, new_cache["latent"][:, :S], new_cache["k_rope"][:, :S],
+                                         kv_b_CHX, positions_BL, scale, dt)
         out = nn.with_logical_constraint(out, ("batch", "length", "heads", "head_dim"))
         return Linear(m.hidden_size, ("heads", "embed"), name="o_proj", **kw)(
             out.reshape(B, L, H * O)), new_cache

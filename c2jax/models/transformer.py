@@ -31,10 +31,12 @@ def layer_counts(m) -> tuple[int, int]:
 
 
 class Block(nn.Module):
-    """Pre-norm decoder layer: attention then a dense MLP or an MoE."""
+    """Pre-norm decoder layer: attention then a dense MLP or an MoE. span: the attention's
+    (cache slots read), None = all."""
 
     cfg: Any
     moe: bool
+    span: int | None = None
 
     @nn.compact
     def __call__(self, x_BLD, positions_BL, segment_ids_BL, forced_ids_BLK=None, cache=None):
@@ -42,7 +44,7 @@ class Block(nn.Module):
         pdt = dtype_of(m.param_dtype)
         attn_cls = MLAAttention if m.attention == "mla" else GQAAttention
         h = RMSNorm(m.rms_norm_eps, "embed", pdt, name="attn_norm")(x_BLD)
-        a, new_cache = attn_cls(m, name="attn")(h, positions_BL, segment_ids_BL, cache)
+        a, new_cache = attn_cls(m, span=self.span, name="attn")(h, positions_BL, segment_ids_BL, cache)
         x_BLD = nn.with_logical_constraint(x_BLD + a, ("batch", "length", "embed"))
         h = RMSNorm(m.rms_norm_eps, "embed", pdt, name="mlp_norm")(x_BLD)
         if self.moe:

@@ -205,9 +205,9 @@ def _kernels(model_json: str, S: int, B: int, split: bool = False):
     def model_step(params, tokens, positions, cache):
         return tfm.forward_with_cache(m, params, tokens, positions, cache)
 
-    def decode_step(params, tokens, positions, cache):
+    def decode_step(params, tokens, positions, cache, span=None):
         if split:
-            return unrolled.decode_step(m, params, tokens, positions, cache)
+            return unrolled.decode_step(m, params, tokens, positions, cache, span)
         return model_step(params, tokens, positions, cache)
 
     @functools.partial(jax.jit, static_argnames=("use_filter",))
@@ -224,10 +224,12 @@ def _kernels(model_json: str, S: int, B: int, split: bool = False):
                                                     use_filter)
         return jax.tree.map(lambda c: c[:, :, :P], new_rows), upd, outs
 
-    @functools.partial(jax.jit, donate_argnums=(1, 2), static_argnames=("C", "use_filter"))
-    def decode(params, cache, state, min_live, C=32, use_filter=True):
+    @functools.partial(jax.jit, donate_argnums=(1, 2), static_argnames=("C", "use_filter", "span"))
+    def decode(params, cache, state, min_live, C=32, use_filter=True, span=None):
         """Up to C decode steps on device; stops early when fewer than min_live rows are live
-        (the host then refills freed slots) or when none is."""
+        (the host then refills freed slots) or when none is. span (split decode): attention reads
+        cache slots [0, span) only (decode cost follows the rows' lengths, not S); the loop also
+        stops before a live row's position reaches span."""
         K = m.num_experts_per_tok
         bufs = {"tok": jnp.full((C, B), -1, jnp.int32), "lp": jnp.zeros((C, B), jnp.float32),
                     "raw": jnp.zeros((C, B), jnp.float32), "gen": jnp.zeros((C, B), bool),
@@ -238,12 +240,15 @@ def _kernels(model_json: str, S: int, B: int, split: bool = False):
         def cond(carry):
             i, _, st, _ = carry
             n_live = jnp.sum(st.live)
-            return (i < C) & (n_live > 0) & (n_live >= min_live)
+            more = (i < C) & (n_live > 0) & (n_live >= min_live)
+            if split and span is not None and span < S:
+                more &= jnp.max(jnp.where(st.live, st.pos, 0)) < span
+            return more
 
         def body(carry):
             i, cache, st, bufs = carry
             positions = jnp.where(st.live, st.pos, S)[:, None]
-            out = decode_step(params, st.cur[:, None], positions, cache)
+            out = decode_step(params, st.cur[:, None], positions, cache, span if split and span and span < S else None)
             gen = st.live & ~st.done
             tok, lp, raw = lg.select_tokens(out.logits[:, 0], lg.step_keys(st.key, st.ngen),
                                             st.temp, st.top_k, st.top_p, use_filter)
@@ -267,6 +272,9 @@ def _kernels(model_json: str, S: int, B: int, split: bool = False):
         return cache, state, i, bufs
 
     return prefill, decode, N
+
+
+SPAN_MIN = 128   # smallest attention span of a decode chunk (spans double up to the cache size)
 
 
 def _bucket(n: int, lo: int, hi: int, mult: int = 2) -> int:
@@ -599,8 +607,13 @@ class Sampler:
         min_live = n_live if self._waiting else 0
         with self._lock:
             params, version = self._decode_params, self.version
+        kw = {}
+        if self.split_decode and self.speculative == "none":  # attend over the slots the rows can reach
+            pos, live = jax.device_get((self.state.pos, self.state.live))
+            top = int(pos[live].max()) if live.any() else 0
+            kw["span"] = _bucket(top + self.chunk + 1, min(SPAN_MIN, self.S), self.S)
         self.cache, self.state, n_steps, bufs = self._decode(params, self.cache, self.state, min_live,
-                                                             C=self.chunk, use_filter=use_filter)
+                                                             C=self.chunk, use_filter=use_filter, **kw)
         # one batched transfer, sliced on the host (slicing on device would dispatch one op per
         # buffer and compile a new slice for every distinct n)
         n_steps, bufs = jax.device_get((n_steps, bufs))

@@ -220,9 +220,10 @@ def stack_cache(m, layers: list) -> dict:
     return out
 
 
-def decode_step(m, sp, tokens_BL, positions_BL, caches: list) -> tfm.ForwardOutput:
+def decode_step(m, sp, tokens_BL, positions_BL, caches: list, span: int | None = None) -> tfm.ForwardOutput:
     """forward_with_cache on split params sp and per-layer caches: ForwardOutput(logits f32
-    [B, L, V], {"expert_ids": int32 [N, B, L, K]} (MoE models), new per-layer caches)."""
+    [B, L, V], {"expert_ids": int32 [N, B, L, K]} (MoE models), new per-layer caches). span
+    (static): attention reads cache slots [0, span) only; every position must be < span."""
     dt, pdt = dtype_of(m.dtype), dtype_of(m.param_dtype)
     n_dense, n_moe = tfm.layer_counts(m)
     if len(sp["layers"]) != len(caches) or len(caches) != m.num_layers:
@@ -234,7 +235,8 @@ def decode_step(m, sp, tokens_BL, positions_BL, caches: list) -> tfm.ForwardOutp
     expert_ids, new_caches = [], []
     for i, (p, cache) in enumerate(zip(sp["layers"], caches)):
         # the model's own layer; its MoE reads the stored per-expert buffers (p["moe"]["experts"])
-        x_BLD, aux, cache = tfm.Block(m, i >= n_dense).apply({"params": p}, x_BLD, positions_BL, seg_BL, None, cache)
+        x_BLD, aux, cache = tfm.Block(m, i >= n_dense, span).apply({"params": p}, x_BLD, positions_BL, seg_BL, None,
+                                                                    cache)
         if i >= n_dense:
             expert_ids.append(aux["expert_ids"])
         new_caches.append(cache)

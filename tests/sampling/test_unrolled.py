@@ -90,18 +90,33 @@ def test_decode_attention_equals_dot_product_attention(L):
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
 
 
-def test_sampler_split_decode_equals_model_decode():
-    """A greedy and a sampled (temperature 1) request, two samples each, through both decodes."""
-    cfg, params = setup("gqa")
-    prompts = [np.random.default_rng(i).integers(0, 97, n).tolist() for i, n in enumerate((4, 6))]
-    outs = []
+@pytest.mark.parametrize("attention,max_len,lens,new", [("gqa", 32, (4, 6), 7), ("gqa", 320, (4, 119), 24),
+                                                       ("mla", 320, (30, 121), 24)])
+def test_sampler_split_decode_equals_model_decode(attention, max_len, lens, new):
+    """A greedy and a sampled (temperature 1) request, two samples each, through both decodes.
+    At max_len 320 the split decode attends over a span of the cache (128, then 256 once a row
+    nears 128; the first chunk is forced to a span the rows outgrow, so the loop's guard stops it)."""
+    cfg, params = setup(attention)
+    prompts = [np.random.default_rng(i).integers(0, 97, n).tolist() for i, n in enumerate(lens)]
+    outs, spans = [], []
     for split in (True, False):
-        s = Sampler(cfg, params, max_batch=4, max_len=32, chunk=4, split_decode=split)
+        s = Sampler(cfg, params, max_batch=4, max_len=max_len, chunk=8, split_decode=split)
         assert s.split_decode == split
-        rids = [s.submit(Request(p, max_new_tokens=7, temperature=float(i), n=2, seed=1, request_id=i))
+        decode = s._decode
+
+        def spy(*a, **k):
+            if "span" in k:
+                k["span"] = min(k["span"], 128) if not spans else k["span"]
+                spans.append(k["span"])
+            return decode(*a, **k)
+        s._decode = spy
+        rids = [s.submit(Request(p, max_new_tokens=new, temperature=float(i), n=2, seed=1, request_id=i))
                 for i, p in enumerate(prompts)]
         s.run_until_done()
         outs.append([c for r in rids for c in s.results(r)])
+    assert spans and all(sp < max_len for sp in spans) == (max_len > 128)
+    if max_len > 128:
+        assert spans[0] == 128 and 256 in spans
     for a, b in zip(*outs):
         assert a.tokens == b.tokens
         np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
