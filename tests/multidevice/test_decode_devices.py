@@ -16,20 +16,25 @@ from c2jax.models import cpu_kernels
 from c2jax.sampling import Request, Sampler, unrolled
 
 
+def _routed_inputs(rng, T, D, F, E, skew, K=2):
+    """x [T, D], expert ids and weights [T, K], (w_gate, w_up, w_down); skew: every token picks
+    expert 0 (one device / one expert gets every row) plus one other."""
+    x = jnp.asarray(rng.standard_normal((T, D)), jnp.float32)
+    if skew:
+        ids = np.stack([[0, rng.integers(1, E)] for _ in range(T)])
+    else:
+        ids = np.stack([rng.choice(E, K, replace=False) for _ in range(T)])
+    wts = jnp.asarray(rng.uniform(0.1, 1.0, (T, K)), jnp.float32)
+    ws = [jnp.asarray(0.3 * rng.standard_normal(s), jnp.float32) for s in ((E, D, F), (E, D, F), (E, F, D))]
+    return x, jnp.asarray(ids, jnp.int32), wts, ws
+
+
 @pytest.mark.parametrize("split", ["ffn", "expert"])
 @pytest.mark.parametrize("n", [2, 4, 8])
 @pytest.mark.parametrize("T,skew", [(1, False), (8, False), (6, True)])
 def test_sharded_split_dispatch_equals_one_device(n, T, skew, split):
-    rng = np.random.default_rng(10 * n + T)
-    D, F, E, K = 16, 24, 8, 2
-    x = jnp.asarray(rng.standard_normal((T, D)), jnp.float32)
-    if skew:  # every token picks expert 0 (one device gets every row) plus one other
-        ids = np.stack([[0, rng.integers(1, E)] for _ in range(T)])
-    else:
-        ids = np.stack([rng.choice(E, K, replace=False) for _ in range(T)])
-    ids = jnp.asarray(ids, jnp.int32)
-    wts = jnp.asarray(rng.uniform(0.1, 1.0, (T, K)), jnp.float32)
-    ws = [jnp.asarray(0.3 * rng.standard_normal(s), jnp.float32) for s in ((E, D, F), (E, D, F), (E, F, D))]
+    D, F, E = 16, 24, 8
+    x, ids, wts, ws = _routed_inputs(np.random.default_rng(10 * n + T), T, D, F, E, skew)
     want, _ = jax.jit(moe_lib.split_dispatch)(x, ids, wts, moe_lib.split_experts(*ws))
     mesh = unrolled.decode_mesh(n)
     sharded = jax.device_put(moe_lib.shard_experts(*ws, mesh, split), NamedSharding(mesh, P("decode")))
@@ -50,16 +55,7 @@ def test_sharded_split_dispatch_equals_one_device(n, T, skew, split):
 def test_packed_experts_over_devices_equal_one_device(n, T, skew):
     """The CPU kernel with each device holding 1/n of every expert's hidden columns (then a psum)
     equals the kernel on one device and the XLA dispatch."""
-    rng = np.random.default_rng(100 * n + T)
-    D, F, E, K = 32, 128, 8, 2
-    x = jnp.asarray(rng.standard_normal((T, D)), jnp.float32)
-    if skew:  # every token picks expert 0 (more than 8 rows: two row blocks) plus one other
-        ids = np.stack([[0, rng.integers(1, E)] for _ in range(T)])
-    else:
-        ids = np.stack([rng.choice(E, K, replace=False) for _ in range(T)])
-    ids = jnp.asarray(ids, jnp.int32)
-    wts = jnp.asarray(rng.uniform(0.1, 1.0, (T, K)), jnp.float32)
-    ws = [jnp.asarray(0.3 * rng.standard_normal(s), jnp.float32) for s in ((E, D, F), (E, D, F), (E, F, D))]
+    x, ids, wts, ws = _routed_inputs(np.random.default_rng(100 * n + T), T, 32, 128, 8, skew)  # skew, 11 rows: 2 row blocks
     one = jax.jit(moe_lib.split_dispatch)(x, ids, wts, cpu_kernels.pack_experts(*ws))[0]
     mesh = unrolled.decode_mesh(n)
     packed = jax.device_put(cpu_kernels.pack_experts(*ws, mesh), NamedSharding(mesh, P("decode")))
