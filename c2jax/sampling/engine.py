@@ -176,17 +176,25 @@ def prefill_compute(step, N, S, rows, tokens_bL, start_b, len_b, dest_src_M, see
 
 def write_rows(cache, state, new_rows, upd, dest_slot_M, dest_src_M):
     """Destination slot dest_slot_M[k] (B: none) gets source row dest_src_M[k]'s new cache and
-    RowState upd[k]. new_rows may hold only positions [0, P) of each row: the rest of the
-    destination row is left as it is (stale entries past a row's position are masked)."""
+    RowState upd[k]. new_rows (stacked [Y, b, P, ...]) may hold only positions [0, P) of each
+    row: the rest of the destination row is left as it is (stale entries past a row's position
+    are masked). cache: stacked, or per layer (the split decode's list, unrolled.split_cache)."""
     P = jax.tree.leaves(new_rows)[0].shape[2]
-    cache = jax.tree.map(lambda c, n: c.at[:, dest_slot_M, :P].set(n[:, dest_src_M], mode="drop"), cache, new_rows)
+    if isinstance(cache, list):
+        cache = [jax.tree.map(lambda c, n: c.at[dest_slot_M, :P].set(n[dest_src_M], mode="drop"), layer, new)
+                 for layer, new in zip(cache, unrolled.split_cache(new_rows))]
+    else:
+        cache = jax.tree.map(lambda c, n: c.at[:, dest_slot_M, :P].set(n[:, dest_src_M], mode="drop"), cache, new_rows)
     state = jax.tree.map(lambda s, u: s.at[dest_slot_M].set(u, mode="drop"), state, upd)
     return cache, state
 
 
-@functools.partial(jax.jit, static_argnums=2)
-def _gather_window(cache, src_b, P: int):
-    """Rows src_b of the stacked caches [Y, B, S, ...], positions [0, P) only."""
+@functools.partial(jax.jit, static_argnums=(2, 3))
+def _gather_window(cache, src_b, P: int, n_dense: int):
+    """Rows src_b of the caches, positions [0, P) only, stacked [Y, b, P, ...]; cache is stacked
+    or per layer (a list whose first n_dense layers are dense)."""
+    if isinstance(cache, list):
+        return unrolled.stack_layers(n_dense, [jax.tree.map(lambda c: c[src_b, :P], layer) for layer in cache])
     return jax.tree.map(lambda c: c[:, src_b, :P], cache)
 
 
@@ -264,10 +272,13 @@ def _kernels(model_json: str, S: int, B: int, split: bool = False):
             bufs = {k: bufs[k].at[i].set(row[k]) for k in bufs}
             return i + 1, out.cache, new, bufs
 
-        if split:  # per-layer buffers through the loop: each step updates them in place
+        # per-layer buffers through the loop: each step updates them in place (the Sampler keeps
+        # them per layer between chunks; a stacked cache is split here and restacked after)
+        stacked = split and not isinstance(cache, list)
+        if stacked:
             cache = unrolled.split_cache(cache)
         i, cache, state, bufs = jax.lax.while_loop(cond, body, (jnp.int32(0), cache, state, bufs))
-        if split:
+        if stacked:
             cache = unrolled.stack_cache(m, cache)
         return cache, state, i, bufs
 
@@ -382,6 +393,8 @@ class Sampler:
             from c2jax.sampling import speculative as spec
             self._prefill, self._decode, _ = spec.kernels(self.model_cfg.to_json(), self.S, self.B)
             self.cache = spec.init_cache(self.model_cfg, self.B, self.S, cache_dtype)
+        if self.split_decode:   # per layer, as the split decode step reads and updates it
+            self.cache = unrolled.split_cache(self.cache)
         self.spec_drafted = self.spec_accepted = 0
         self.state = init_row_state(self.B)
         if self._mesh is not None:   # they stay there: prefill moves only the rows it reads and writes
@@ -557,7 +570,7 @@ class Sampler:
             # prefill and only the new rows' come back; with decode devices the cache stays on
             # them and just these windows move
             P = _bucket(int(np.max(start_b + len_b)), 16, S)
-            src_win = _gather_window(self.cache, src_b, P)
+            src_win = _gather_window(self.cache, src_b, P, tfm.layer_counts(self.model_cfg)[0])
             if self._mesh is not None:
                 src_win = jax.device_put(src_win, self._mesh.devices.flat[0])
             new_win, upd, (tok, lp, raw, code, experts) = self._prefill(

@@ -177,13 +177,15 @@ def _head_parallel(m, n: int) -> bool:
 
 
 def cache_shardings(m, cache, mesh):
-    """Shardings for the model's stacked caches under split_params(..., mesh): GQA K/V
-    [Y, B, S, G, P] split by KV head when attention is head-parallel, else replicated."""
+    """Shardings for the model's caches under split_params(..., mesh), stacked (a dict of
+    [Y, B, S, ...]) or per layer (split_cache's list of [B, S, ...]): GQA K/V split by KV head
+    when attention is head-parallel, else replicated."""
     ax = mesh.axis_names[0]
     split = _head_parallel(m, mesh.size)
+    kv_rank = 4 if isinstance(cache, list) else 5   # [B, S, G, P] or [Y, B, S, G, P]
 
     def one(a):
-        return NamedSharding(mesh, P(None, None, None, ax, None) if split and a.ndim == 5 else P())
+        return NamedSharding(mesh, P(*[None] * (kv_rank - 2), ax, None) if split and a.ndim == kv_rank else P())
     return jax.tree.map(one, cache)
 
 
@@ -212,7 +214,11 @@ def split_cache(cache) -> list:
 
 def stack_cache(m, layers: list) -> dict:
     """Inverse of split_cache."""
-    n_dense, _ = tfm.layer_counts(m)
+    return stack_layers(tfm.layer_counts(m)[0], layers)
+
+
+def stack_layers(n_dense: int, layers: list) -> dict:
+    """stack_cache given the number of dense layers (the first n_dense of the list)."""
     out = {}
     for key, part in (("dense", layers[:n_dense]), ("moe", layers[n_dense:])):
         if part:

@@ -267,10 +267,13 @@ def test_weight_swap_keeps_own_cache_but_not_shared_prefixes():
 def test_mla_cache_holds_only_latent_and_rope_key():
     cfg, params = setup("mla")
     s = Sampler(cfg, params, **KW)
+    assert s.split_decode  # the cache is kept per layer for the split decode step
     shapes = jax.tree.map(lambda a: a.shape, s.cache)
-    assert set(shapes["moe"]) == {"latent", "k_rope"}
-    assert shapes["moe"]["latent"] == (2, 3, 32, cfg.model.kv_lora_rank)
-    assert shapes["moe"]["k_rope"] == (2, 3, 32, cfg.model.qk_rope_head_dim)
+    assert len(shapes) == cfg.model.num_layers and set(shapes[-1]) == {"latent", "k_rope"}
+    assert shapes[-1]["latent"] == (3, 32, cfg.model.kv_lora_rank)
+    assert shapes[-1]["k_rope"] == (3, 32, cfg.model.qk_rope_head_dim)
+    stacked = jax.tree.map(lambda a: a.shape, Sampler(cfg, params, split_decode=False, **KW).cache)
+    assert stacked["moe"]["latent"] == (2, 3, 32, cfg.model.kv_lora_rank)
 
 
 def test_bad_requests_raise():
