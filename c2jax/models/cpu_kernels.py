@@ -22,6 +22,7 @@ import hashlib
 import os
 import subprocess
 import tempfile
+import warnings
 from pathlib import Path
 
 import jax
@@ -47,6 +48,13 @@ def _cpu_flags() -> str:
 
 @functools.lru_cache(maxsize=1)
 def _build() -> tuple[ctypes.CDLL | None, str | None]:
+    dll, why = _build_and_load()
+    if why and why != "C2JAX_CPU_KERNELS=0":  # once a process: decode falls back to XLA's slower path
+        warnings.warn(f"c2jax CPU decode kernels off, decoding through XLA: {why}", RuntimeWarning, stacklevel=2)
+    return dll, why
+
+
+def _build_and_load() -> tuple[ctypes.CDLL | None, str | None]:
     if os.environ.get("C2JAX_CPU_KERNELS", "1") == "0":
         return None, "C2JAX_CPU_KERNELS=0"
     src = SOURCE.read_bytes()
