@@ -135,11 +135,8 @@ def pack_experts(w_gate_EDF, w_up_EDF, w_down_EFD, mesh=None) -> PackedExperts:
     why = packable(w_gate_EDF, n)
     if why:
         raise ValueError(f"cannot pack experts for the CPU kernel: {why}")
-    E, D, F = w_gate_EDF.shape
-    f = F // n
-    gate_nEDf, up_nEDf = (w.reshape(E, D, n, f).transpose(2, 0, 1, 3) for w in (w_gate_EDF, w_up_EDF))
-    wgu_nED2f = jnp.concatenate([gate_nEDf, up_nEDf], axis=3)
-    wd_nEfD = w_down_EFD.reshape(E, n, f, D).transpose(1, 0, 2, 3)
+    from c2jax.models.moe import ffn_column_split   # moe dispatches to this module
+    wgu_nED2f, wd_nEfD = ffn_column_split(w_gate_EDF, w_up_EDF, w_down_EFD, n)
     wgu = jax.vmap(_panels)(wgu_nED2f)
     wd = jax.vmap(_panels)(wd_nEfD)
     return PackedExperts(wgu, wd, mesh)

@@ -14,6 +14,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from c2jax.models import cpu_kernels
 from c2jax.models.layers import MLP, dtype_of
 from c2jax.platform import target_backend
 
@@ -189,10 +190,7 @@ def shard_experts(w_gate_EDF, w_up_EDF, w_down_EFD, mesh, split: str | None = No
     if split is None:
         split = "ffn" if F % n == 0 else "expert"
     if split == "ffn" and F % n == 0:
-        f = F // n
-        gate_nEDf, up_nEDf = (w.reshape(E, D, n, f).transpose(2, 0, 1, 3) for w in (w_gate_EDF, w_up_EDF))
-        wgu_nED2f = jnp.concatenate([gate_nEDf, up_nEDf], axis=3)
-        wd_nEfD = w_down_EFD.reshape(E, n, f, D).transpose(1, 0, 2, 3)
+        wgu_nED2f, wd_nEfD = ffn_column_split(w_gate_EDF, w_up_EDF, w_down_EFD, n)
         return ShardedExperts([(wgu_nED2f[:, e], wd_nEfD[:, e]) for e in range(E)], mesh, "ffn")
     if split == "expert" and E % n == 0:
         wgu_nPD2F = jnp.concatenate([w_gate_EDF, w_up_EDF], axis=2).reshape(n, E // n, D, 2 * F)
@@ -200,6 +198,16 @@ def shard_experts(w_gate_EDF, w_up_EDF, w_down_EFD, mesh, split: str | None = No
         return ShardedExperts([(wgu_nPD2F[:, j], wd_nPFD[:, j]) for j in range(E // n)], mesh, "expert")
     raise ValueError(f"cannot split {E} experts of hidden size {F} over {n} devices by {split!r}: "
                      f"'ffn' needs {n} to divide {F}, 'expert' needs {n} to divide {E}")
+
+
+def ffn_column_split(w_gate_EDF, w_up_EDF, w_down_EFD, n: int):
+    """Every expert's hidden columns split n ways (n | F, f = F / n): (w_gate_up [n, E, D, 2f],
+    device d's gate columns [d f, (d + 1) f) then its up columns; w_down [n, E, f, D], the same
+    rows)."""
+    E, D, F = w_gate_EDF.shape
+    f = F // n
+    gate_nEDf, up_nEDf = (w.reshape(E, D, n, f).transpose(2, 0, 1, 3) for w in (w_gate_EDF, w_up_EDF))
+    return jnp.concatenate([gate_nEDf, up_nEDf], axis=3), w_down_EFD.reshape(E, n, f, D).transpose(1, 0, 2, 3)
 
 
 def split_dispatch(x_TD, ids_TK, weights_TK, experts):
@@ -215,7 +223,6 @@ def split_dispatch(x_TD, ids_TK, weights_TK, experts):
     are written back in place, each expert's own rows only. Windows of <= ROW_WISE_MAX_ROWS
     rows run as one-row matmuls (XLA CPU's few-row matmuls stream weights slower than one-row ones)."""
     dt = x_TD.dtype
-    from c2jax.models import cpu_kernels
     if isinstance(experts, cpu_kernels.PackedExperts):
         out_TD = cpu_kernels.moe_ffn(x_TD, ids_TK, weights_TK, experts)
     elif isinstance(experts, ShardedExperts):

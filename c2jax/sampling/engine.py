@@ -238,6 +238,7 @@ def _kernels(model_json: str, S: int, B: int, split: bool = False):
         (the host then refills freed slots) or when none is. span (split decode): attention reads
         cache slots [0, span) only (decode cost follows the rows' lengths, not S); the loop also
         stops before a live row's position reaches span."""
+        span = span if split and span is not None and span < S else None
         K = m.num_experts_per_tok
         bufs = {"tok": jnp.full((C, B), -1, jnp.int32), "lp": jnp.zeros((C, B), jnp.float32),
                     "raw": jnp.zeros((C, B), jnp.float32), "gen": jnp.zeros((C, B), bool),
@@ -249,14 +250,14 @@ def _kernels(model_json: str, S: int, B: int, split: bool = False):
             i, _, st, _ = carry
             n_live = jnp.sum(st.live)
             more = (i < C) & (n_live > 0) & (n_live >= min_live)
-            if split and span is not None and span < S:
+            if span is not None:
                 more &= jnp.max(jnp.where(st.live, st.pos, 0)) < span
             return more
 
         def body(carry):
             i, cache, st, bufs = carry
             positions = jnp.where(st.live, st.pos, S)[:, None]
-            out = decode_step(params, st.cur[:, None], positions, cache, span if split and span and span < S else None)
+            out = decode_step(params, st.cur[:, None], positions, cache, span)
             gen = st.live & ~st.done
             tok, lp, raw = lg.select_tokens(out.logits[:, 0], lg.step_keys(st.key, st.ngen),
                                             st.temp, st.top_k, st.top_p, use_filter)
@@ -272,14 +273,9 @@ def _kernels(model_json: str, S: int, B: int, split: bool = False):
             bufs = {k: bufs[k].at[i].set(row[k]) for k in bufs}
             return i + 1, out.cache, new, bufs
 
-        # per-layer buffers through the loop: each step updates them in place (the Sampler keeps
-        # them per layer between chunks; a stacked cache is split here and restacked after)
-        stacked = split and not isinstance(cache, list)
-        if stacked:
-            cache = unrolled.split_cache(cache)
+        # split: the cache is per layer (the Sampler keeps it so between chunks), each step
+        # updating the layers' buffers in place
         i, cache, state, bufs = jax.lax.while_loop(cond, body, (jnp.int32(0), cache, state, bufs))
-        if stacked:
-            cache = unrolled.stack_cache(m, cache)
         return cache, state, i, bufs
 
     return prefill, decode, N

@@ -44,10 +44,11 @@ def supported(m) -> str | None:
     return None
 
 
-def expert_layout(m, mesh=None) -> str:
-    """How split_params lays out the experts of model config m for decode: "packed" (the
-    one-call CPU kernel, cpu_kernels, float32 on CPU where it builds) or "split" (split_experts /
-    ShardedExperts, dispatched by XLA). Set C2JAX_CPU_KERNELS=0 for "split"."""
+def decode_layout(m, mesh=None) -> str:
+    """How split_params lays out model config m's weights for decode: "packed" (for the CPU
+    kernels, cpu_kernels: float32 on CPU where they build; experts as PackedExperts, the head
+    and the Linear kernels they can run as PackedMatrix) or "split" (split_experts /
+    ShardedExperts, everything through XLA). Set C2JAX_CPU_KERNELS=0 for "split"."""
     n = 1 if mesh is None else mesh.size
     E, D, F = m.num_experts, m.hidden_size, m.moe_intermediate_size
     if not E or dtype_of(m.dtype) != jnp.float32 or cpu_kernels.unavailable():
@@ -92,8 +93,7 @@ def _splitter(model_json: str, mesh=None, layout: str = "split"):
             out["lm_head"] = cast(params["lm_head"])
         head_DV = out["lm_head"]["kernel"] if "lm_head" in out else out["embed"].T
         if layout == "packed" and not cpu_kernels.matrix_packable(head_DV, 1 if mesh is None else mesh.size):
-            out["head"] = cpu_kernels.pack_matrix(head_DV, mesh)   # the output head, read once per 8 rows
-            out.pop("lm_head", None)
+            out["lm_head"] = {"kernel": cpu_kernels.pack_matrix(head_DV, mesh)}   # also a tied head
         return out
     return split
 
@@ -124,10 +124,10 @@ def _pack_linears(m, tree, mesh):
 
 def split_params(m, params, mesh=None) -> dict:
     """Split params for decode_step (one jitted copy of the weights, in the compute dtype):
-    {embed, final_norm, lm_head? or head?, layers: [per-layer params, dense layers first]}, MoE layers'
-    experts as expert_layout picks: cpu_kernels.PackedExperts (one FFI call a layer that reads each
-    chosen expert once) or moe.split_experts' per-expert buffers; with the kernels, the output head
-    (lm_head, or the tied embedding) is a cpu_kernels.PackedMatrix "head" and Linear kernels are
+    {embed, final_norm, lm_head?, layers: [per-layer params, dense layers first]}, MoE layers'
+    experts as decode_layout picks: cpu_kernels.PackedExperts (one FFI call a layer that reads each
+    chosen expert once) or moe.split_experts' per-expert buffers; with the kernels, lm_head's kernel
+    (the tied embedding too) is a cpu_kernels.PackedMatrix and so are the Linear kernels
     PackedMatrix where the kernel can run them (_pack_linears). Every array is its own buffer.
 
     With a 1-D mesh of n host devices (decode_mesh), the step's weight reads are split over the
@@ -140,7 +140,7 @@ def split_params(m, params, mesh=None) -> dict:
     reason = supported(m)
     if reason:
         raise ValueError(f"split decode params do not support {reason}")
-    layout = expert_layout(m, mesh)
+    layout = decode_layout(m, mesh)
     if mesh is None or mesh.size == 1:
         return _splitter(m.to_json(), None, layout)(params)
     n = mesh.size
@@ -161,8 +161,6 @@ def split_params(m, params, mesh=None) -> dict:
                 return P(ax) if a.ndim == 1 else P(None, ax)
             if "o_proj" in names and a.ndim == 2:
                 return P(ax, None)
-        if names[0] == "head":    # PackedMatrix [n, ...]: device d holds vocab columns [d V/n, (d + 1) V/n)
-            return P(ax)
         if "lm_head" in names and a.ndim == 2 and a.shape[1] % n == 0:
             return P(None, ax)
         return P()
@@ -248,12 +246,9 @@ def decode_step(m, sp, tokens_BL, positions_BL, caches: list, span: int | None =
         new_caches.append(cache)
     norm = RMSNorm(m.rms_norm_eps, "embed", pdt)
     h_BLD = norm.apply({"params": sp["final_norm"]}, x_BLD)
-    if "head" in sp:  # packed for the CPU kernel (split_params)
-        B, L, D = h_BLD.shape
-        logits = cpu_kernels.matmul(h_BLD.reshape(B * L, D), sp["head"]).reshape(B, L, -1)
-    elif m.tie_embeddings:
+    if "lm_head" not in sp:  # tied, unpacked
         logits = jnp.einsum("bld,vd->blv", h_BLD, sp["embed"], preferred_element_type=jnp.float32)
-    else:
+    else:  # Linear also runs a PackedMatrix kernel (split_params packs the head, tied or not, for the CPU kernels)
         head = Linear(m.vocab_size, ("embed", "vocab"), dtype=dt, param_dtype=pdt, init_std=m.init_std)
         logits = head.apply({"params": sp["lm_head"]}, h_BLD)
     aux = {"expert_ids": jnp.stack(expert_ids)} if n_moe else {}

@@ -142,7 +142,8 @@ def test_sampler_over_devices_matches_one_device(preset, n, layout, monkeypatch)
         assert isinstance(ex, moe_lib.ShardedExperts) and ex.slots[0][0].sharding.spec == P("decode")
     m = s.model_cfg
     if layout == "packed":  # the output head: vocab columns over the devices
-        assert "lm_head" not in s._decode_params and s._decode_params["head"].w.sharding.spec == P("decode")
+        head = s._decode_params["lm_head"]["kernel"]
+        assert isinstance(head, cpu_kernels.PackedMatrix) and head.w.sharding.spec == P("decode")
     if m.attention != "mla" and m.num_kv_heads % n == 0 and layout == "packed":
         q, o = lay["attn"]["q_proj"]["kernel"], lay["attn"]["o_proj"]["kernel"]
         assert (q.split, o.split) == ("columns", "rows") and q.w.sharding.spec == o.w.sharding.spec == P("decode")
