@@ -15,6 +15,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from c2jax.models import cpu_attention
 from c2jax.models.layers import Linear, RMSNorm, apply_rope, dtype_of, rope_frequencies, softmax_scale
 from c2jax.platform import target_backend
 
@@ -200,6 +201,8 @@ def _attend(cfg, q, k, v, positions_BL, segment_ids_BL, k_pos_BS, k_seg_BS, scal
         if cp.cp_active(q.shape[1]):
             return cp.gqa_context_attention(q, k, v, positions_BL, segment_ids_BL, scale)
     if cfg.attention_impl == "xla" and k_seg_BS is not None:
+        if cpu_attention.usable(q, k, v) is None:   # CPU float32 training: the FFI kernel
+            return cpu_attention.causal_attention(q, k, v, positions_BL, segment_ids_BL, scale).astype(q.dtype)
         return causal_block_attention(q, k, v, positions_BL, segment_ids_BL, scale)
     mask = attention_mask(positions_BL, k_pos_BS,
                           segment_ids_BL if k_seg_BS is not None else None, k_seg_BS)
