@@ -18,164 +18,20 @@
 #include <vector>
 
 #include "xla/ffi/api/ffi.h"
+#include "cpu_simd.h"
 
 namespace ffi = xla::ffi;
 
 namespace {
 
-typedef float v16 __attribute__((vector_size(64)));
-typedef int32_t i16 __attribute__((vector_size(64)));
+using namespace c2jax_simd;  // NOLINT
 
 constexpr int kQueryBlock = 32;  // positions per query block
 constexpr int kKeyPad = 64;      // score rows are padded to this many keys
 
-inline v16 Load(const float* p) {
-  v16 v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-inline void Store(float* p, v16 v) { std::memcpy(p, &v, sizeof(v)); }
-inline v16 Splat(float x) { return v16{} + x; }
-inline float Sum(v16 v) {
-  float s = 0;
-  for (int i = 0; i < 16; ++i) s += v[i];
-  return s;
-}
-inline size_t Up(size_t n, size_t m) { return (n + m - 1) / m * m; }
-
-// exp(x) for x <= 0 (softmax arguments; larger x is clamped to 0), |rel err| < 2e-7: 2^n * 2^f, f in [-0.5, 0.5].
-inline v16 Exp(v16 x) {
-  x = x < Splat(-87.0f) ? Splat(-87.0f) : x;
-  x = x > Splat(0.0f) ? Splat(0.0f) : x;
-  const v16 y = x * 1.44269504088896341f;
-  const v16 half = y < Splat(0.0f) ? Splat(-0.5f) : Splat(0.5f);
-  const i16 n = __builtin_convertvector(y + half, i16);
-  const v16 f = (y - __builtin_convertvector(n, v16)) * 0.6931471805599453f;
-  v16 p = Splat(1.0f / 5040);
-  p = p * f + 1.0f / 720;
-  p = p * f + 1.0f / 120;
-  p = p * f + 1.0f / 24;
-  p = p * f + 1.0f / 6;
-  p = p * f + 0.5f;
-  p = p * f + 1.0f;
-  p = p * f + 1.0f;
-  const i16 bits = (n + 127) << 23;
-  v16 scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return p * scale;
-}
-
-// C[m, 0:N] = A[m, 0:K] @ Bt[0:K, 0:N] for m < M; N a multiple of 64, M of 4.
-void RowsTimesPanel(const float* A, int64_t lda, int64_t M, int64_t K, const float* Bt, int64_t ldb, int64_t N,
-                    float* C, int64_t ldc) {
-  for (int64_t r = 0; r < M; r += 4)
-    for (int64_t c = 0; c < N; c += 64) {
-      v16 acc[4][4] = {};
-      for (int64_t kk = 0; kk < K; ++kk) {
-        const float* b = Bt + kk * ldb + c;
-        const v16 b0 = Load(b), b1 = Load(b + 16), b2 = Load(b + 32), b3 = Load(b + 48);
-        for (int i = 0; i < 4; ++i) {
-          const float a = A[(r + i) * lda + kk];
-          acc[i][0] += a * b0;
-          acc[i][1] += a * b1;
-          acc[i][2] += a * b2;
-          acc[i][3] += a * b3;
-        }
-      }
-      for (int i = 0; i < 4; ++i)
-        for (int j = 0; j < 4; ++j) Store(C + (r + i) * ldc + c + 16 * j, acc[i][j]);
-    }
-}
-
-// C[m, 0:W] = A[m, 0:n] @ rows B(j)[0:W] (row j at B + j * ldb) for m < M; W = 16 * NV, M % 4 == 0.
-template <int NV>
-void RowsTimesRows(const float* A, int64_t lda, int64_t M, int64_t n, const float* B, int64_t ldb, float* C,
-                   int64_t ldc) {
-  for (int64_t r = 0; r < M; r += 4) {
-    v16 acc[4][NV] = {};
-    for (int64_t j = 0; j < n; ++j) {
-      v16 b[NV];
-      for (int v = 0; v < NV; ++v) b[v] = Load(B + j * ldb + 16 * v);
-      for (int i = 0; i < 4; ++i) {
-        const float a = A[(r + i) * lda + j];
-        for (int v = 0; v < NV; ++v) acc[i][v] += a * b[v];
-      }
-    }
-    for (int i = 0; i < 4; ++i)
-      for (int v = 0; v < NV; ++v) Store(C + (r + i) * ldc + 16 * v, acc[i][v]);
-  }
-}
-
-// C[j, 0:W] += sum_i A[i, j] * B[i, 0:W] for j < n (n % 4 == 0), i < M; W = 16 * NV.
-template <int NV>
-void ColsTimesRows(const float* A, int64_t lda, int64_t M, int64_t n, const float* B, int64_t ldb, float* C,
-                   int64_t ldc) {
-  for (int64_t j = 0; j < n; j += 4) {
-    v16 acc[4][NV];
-    for (int i = 0; i < 4; ++i)
-      for (int v = 0; v < NV; ++v) acc[i][v] = Load(C + (j + i) * ldc + 16 * v);
-    for (int64_t r = 0; r < M; ++r) {
-      v16 b[NV];
-      for (int v = 0; v < NV; ++v) b[v] = Load(B + r * ldb + 16 * v);
-      for (int i = 0; i < 4; ++i) {
-        const float a = A[r * lda + j + i];
-        for (int v = 0; v < NV; ++v) acc[i][v] += a * b[v];
-      }
-    }
-    for (int i = 0; i < 4; ++i)
-      for (int v = 0; v < NV; ++v) Store(C + (j + i) * ldc + 16 * v, acc[i][v]);
-  }
-}
-
-// The width-W products above over a width that is any multiple of 16 (chunks of 64).
-void RowsTimesRowsW(const float* A, int64_t lda, int64_t M, int64_t n, const float* B, int64_t ldb, int64_t W,
-                    float* C, int64_t ldc) {
-  for (int64_t c = 0; c < W; c += 64) {
-    const int nv = static_cast<int>(std::min<int64_t>(64, W - c) / 16);
-    if (nv == 4) RowsTimesRows<4>(A, lda, M, n, B + c, ldb, C + c, ldc);
-    else if (nv == 3) RowsTimesRows<3>(A, lda, M, n, B + c, ldb, C + c, ldc);
-    else if (nv == 2) RowsTimesRows<2>(A, lda, M, n, B + c, ldb, C + c, ldc);
-    else RowsTimesRows<1>(A, lda, M, n, B + c, ldb, C + c, ldc);
-  }
-}
-
-void ColsTimesRowsW(const float* A, int64_t lda, int64_t M, int64_t n, const float* B, int64_t ldb, int64_t W,
-                    float* C, int64_t ldc) {
-  for (int64_t c = 0; c < W; c += 64) {
-    const int nv = static_cast<int>(std::min<int64_t>(64, W - c) / 16);
-    if (nv == 4) ColsTimesRows<4>(A, lda, M, n, B + c, ldb, C + c, ldc);
-    else if (nv == 3) ColsTimesRows<3>(A, lda, M, n, B + c, ldb, C + c, ldc);
-    else if (nv == 2) ColsTimesRows<2>(A, lda, M, n, B + c, ldb, C + c, ldc);
-    else ColsTimesRows<1>(A, lda, M, n, B + c, ldb, C + c, ldc);
-  }
-}
-
 struct Dims {
   int64_t B, L, H, G, R, P, O, Lp;
 };
-
-// Runs work(u) for u < n on this thread and XLA's intra-op pool; returns when all are done.
-// Tasks that start after the work ran out return at once (they hold the state by shared_ptr).
-void ParallelFor(ffi::ThreadPool& pool, int64_t n, const std::function<void(int64_t)>& work) {
-  struct State {
-    std::atomic<int64_t> next{0}, done{0};
-  };
-  auto st = std::make_shared<State>();
-  const int64_t helpers = std::min<int64_t>(std::max<int64_t>(pool.num_threads(), 1), n) - 1;
-  const std::function<void(int64_t)>* w = &work;
-  auto run = [st, w, n]() {
-    for (int64_t u; (u = st->next.fetch_add(1)) < n;) {
-      (*w)(u);
-      st->done.fetch_add(1, std::memory_order_release);
-    }
-  };
-  for (int64_t t = 0; t < helpers; ++t) {
-    auto task = run;
-    pool.Schedule(std::move(task));
-  }
-  run();
-  while (st->done.load(std::memory_order_acquire) < n) std::this_thread::yield();
-}
 
 // Per-row visibility of the keys [0, nk) of one query block; scores -> probabilities in place.
 // s: [M, Lp] scaled scores; rows are (position, head-in-group) pairs starting at position i0.
@@ -252,6 +108,15 @@ void LoadKeys(const Dims& d, int64_t b, int64_t g, const float* k, const float* 
       for (int64_t o = 0; o < d.O; ++o) w.vt[o * d.Lp + j] = vr[o];
     }
   }
+  // keys as packed panels [Lp/64][P][64] (rows of kt are Lp floats apart: L1 set conflicts)
+  std::vector<float> packed(w.kt.size());
+  PackPanels(w.kt.data(), d.Lp, d.P, d.Lp, packed.data());
+  w.kt.swap(packed);
+  if (need_vt) {
+    packed.resize(w.vt.size());
+    PackPanels(w.vt.data(), d.Lp, d.O, d.Lp, packed.data());
+    w.vt.swap(packed);
+  }
   w.pos.assign(d.Lp, INT32_MIN);
   w.seg.assign(d.Lp, INT32_MIN);
   std::memcpy(w.pos.data(), pos + b * d.L, sizeof(int32_t) * d.L);
@@ -279,6 +144,13 @@ void StoreRows(const Dims& d, int64_t b, int64_t g, int64_t i0, int64_t npos, co
       const float* s = src + (t * d.R + r) * W;
       for (int64_t c = 0; c < W; ++c) o[c] = s[c] * scale;
     }
+}
+
+// C[j, 0:W] += A[:, j]^T B[:, 0:W]: the packed form where W is a multiple of 64.
+void ColsTimesRows(const float* A, int64_t lda, int64_t M, int64_t n, const float* B, int64_t ldb, int64_t W,
+                   float* C, int64_t ldc, std::vector<float>& scratch) {
+  if (W % 64 == 0) ColsTimesRowsPacked(A, lda, M, n, B, ldb, W, C, ldc, scratch);
+  else ColsTimesRowsW(A, lda, M, n, B, ldb, W, C, ldc);
 }
 
 ffi::Error Fail(const char* msg) { return ffi::Error(ffi::ErrorCode::kInvalidArgument, msg); }
@@ -321,7 +193,7 @@ ffi::Error Forward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ff
       const int64_t npos = std::min<int64_t>(kQueryBlock, d.L - i0), M = Up(npos * d.R, 4);
       const int64_t nk = i0 + npos, nkp = Up(nk, kKeyPad);
       LoadRows(d, b, g, i0, npos, qp, d.P, scale, w.qb.data(), M);
-      RowsTimesPanel(w.qb.data(), d.P, M, d.P, w.kt.data(), d.Lp, nkp, w.s.data(), d.Lp);
+      RowsTimesPacked(w.qb.data(), d.P, M, d.P, w.kt.data(), nkp, w.s.data(), d.Lp);
       Probabilities(w.s.data(), d.Lp, i0, npos, d.R, nk, nkp, w.pos.data(), w.seg.data(), w.lse.data(), false);
       RowsTimesRowsW(w.s.data(), d.Lp, M, nk, vp + (b * d.L * d.G + g) * d.O, d.G * d.O, d.O, w.out.data(), d.O);
       StoreRows(d, b, g, i0, npos, w.out.data(), d.O, 1.0f, op);
@@ -360,6 +232,7 @@ ffi::Error Backward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<f
     w.dk.assign(d.Lp * d.P, 0.0f);
     w.dv.assign(d.Lp * d.O, 0.0f);
     const float* krows = kp + (b * d.L * d.G + g) * d.P;
+    std::vector<float> scratch;
     for (int64_t i0 = 0; i0 < d.L; i0 += kQueryBlock) {
       const int64_t npos = std::min<int64_t>(kQueryBlock, d.L - i0), M = Up(npos * d.R, 4);
       const int64_t nk = i0 + npos, nkp = Up(nk, kKeyPad);
@@ -374,10 +247,10 @@ ffi::Error Backward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<f
           for (int64_t c = 0; c < d.O; ++c) s += o[c] * dor[c];
           w.dsum[t * d.R + r] = s;  // rowsum(dP * P) = rowsum(dO * O)
         }
-      RowsTimesPanel(w.qb.data(), d.P, M, d.P, w.kt.data(), d.Lp, nkp, w.s.data(), d.Lp);
+      RowsTimesPacked(w.qb.data(), d.P, M, d.P, w.kt.data(), nkp, w.s.data(), d.Lp);
       Probabilities(w.s.data(), d.Lp, i0, npos, d.R, nk, nkp, w.pos.data(), w.seg.data(), w.lse.data(), true);
       for (int64_t m = npos * d.R; m < M; ++m) std::memset(&w.s[m * d.Lp], 0, sizeof(float) * nkp);
-      RowsTimesPanel(w.dob.data(), d.O, M, d.O, w.vt.data(), d.Lp, nkp, w.dp.data(), d.Lp);
+      RowsTimesPacked(w.dob.data(), d.O, M, d.O, w.vt.data(), nkp, w.dp.data(), d.Lp);
       for (int64_t m = 0; m < M; ++m) {  // dS = P * (dP - rowsum(dO * O)), in w.dp
         float* dpr = &w.dp[m * d.Lp];
         const float* pr = &w.s[m * d.Lp];
@@ -385,8 +258,8 @@ ffi::Error Backward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<f
         for (int64_t j = 0; j < nkp; j += 16) Store(dpr + j, Load(pr + j) * (Load(dpr + j) - ds));
       }
       // dV += P^T dO; dK += dS^T (scale q); dq = scale dS K
-      ColsTimesRowsW(w.s.data(), d.Lp, M, Up(nk, 4), w.dob.data(), d.O, d.O, w.dv.data(), d.O);
-      ColsTimesRowsW(w.dp.data(), d.Lp, M, Up(nk, 4), w.qb.data(), d.P, d.P, w.dk.data(), d.P);
+      ColsTimesRows(w.s.data(), d.Lp, M, Up(nk, 4), w.dob.data(), d.O, d.O, w.dv.data(), d.O, scratch);
+      ColsTimesRows(w.dp.data(), d.Lp, M, Up(nk, 4), w.qb.data(), d.P, d.P, w.dk.data(), d.P, scratch);
       RowsTimesRowsW(w.dp.data(), d.Lp, M, nk, krows, d.G * d.P, d.P, w.out.data(), d.P);
       StoreRows(d, b, g, i0, npos, w.out.data(), d.P, scale, dqp);
     }

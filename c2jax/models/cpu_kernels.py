@@ -1,7 +1,7 @@
 """CPU kernels as XLA FFI calls. Decode (cpu_kernels.cc): kernels that stream each weight once for
 up to 8 rows: the MoE layer (every chosen expert read once), the output head and the other Linear
-layers. Training (cpu_attention.cc, wrapped by cpu_attention.py): causal attention forward and
-backward. Both sources build into one library.
+layers. Training (cpu_attention.cc / cpu_moe.cc, wrapped by cpu_attention.py / cpu_moe.py): causal
+attention and the routed experts, forward and backward. All build into one library.
 
 Why: XLA CPU runs a product of 2-8 rows at 5-9 GB/s on one core against 11-14 GB/s for a
 one-row product, so split_dispatch runs few-row windows row by row, and an expert picked by r
@@ -12,7 +12,7 @@ one-row rate (measured in experiments/bench/README.md).
 Built at first use with the host's g++ (-O3 -march=native) into C2JAX_KERNEL_CACHE
 (default ~/.cache/c2jax), keyed by the source, the flags, the jaxlib version and the CPU's
 feature flags. Off with C2JAX_CPU_KERNELS=0; where it cannot build, `unavailable()` says why,
-the decode step keeps split_dispatch and training attention XLA's causal blocks.
+the decode step keeps split_dispatch and training XLA's attention and MoE paths.
 
 Letters: T tokens, K experts per token, E experts, D width, F expert width, n devices.
 """
@@ -34,9 +34,11 @@ import jaxlib
 PANEL = 16   # output columns per packed panel (cpu_kernels.cc kPanel)
 TARGET = "c2jax_moe_ffn"
 MATMUL = "c2jax_packed_matmul"
-SOURCE = Path(__file__).with_name("cpu_kernels.cc")
-SOURCES = (SOURCE, Path(__file__).with_name("cpu_attention.cc"))   # one library
+# one library; the header is listed so that its edits change the cache key
+SOURCES = tuple(Path(__file__).with_name(n) for n in ("cpu_kernels.cc", "cpu_attention.cc", "cpu_moe.cc"))
+HEADERS = (Path(__file__).with_name("cpu_simd.h"),)
 ATTENTION_FWD, ATTENTION_BWD = "c2jax_causal_attention_fwd", "c2jax_causal_attention_bwd"
+EXPERT_FWD, EXPERT_BWD = "c2jax_expert_ffn_fwd", "c2jax_expert_ffn_bwd"
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno")
 
 
@@ -54,7 +56,7 @@ def _cpu_flags() -> str:
 def _build() -> tuple[ctypes.CDLL | None, str | None]:
     dll, why = _build_and_load()
     if why and why != "C2JAX_CPU_KERNELS=0":  # once a process: XLA's slower paths from here on
-        warnings.warn(f"c2jax CPU kernels off, decode and training attention run through XLA: {why}",
+        warnings.warn(f"c2jax CPU kernels off, decoding and training run through XLA: {why}",
                       RuntimeWarning, stacklevel=2)
     return dll, why
 
@@ -62,7 +64,8 @@ def _build() -> tuple[ctypes.CDLL | None, str | None]:
 def _build_and_load() -> tuple[ctypes.CDLL | None, str | None]:
     if os.environ.get("C2JAX_CPU_KERNELS", "1") == "0":
         return None, "C2JAX_CPU_KERNELS=0"
-    key = hashlib.sha256(b"\0".join([*(f.read_bytes() for f in SOURCES), " ".join(FLAGS).encode(), jaxlib.__version__.encode(),
+    key = hashlib.sha256(b"\0".join([*(f.read_bytes() for f in SOURCES + HEADERS), " ".join(FLAGS).encode(),
+                                     jaxlib.__version__.encode(),
                                      _cpu_flags().encode()])).hexdigest()[:16]
     cache = Path(os.environ.get("C2JAX_KERNEL_CACHE", Path.home() / ".cache" / "c2jax"))
     lib = cache / f"cpu_kernels_{key}.so"
@@ -74,10 +77,10 @@ def _build_and_load() -> tuple[ctypes.CDLL | None, str | None]:
             cmd = [os.environ.get("CXX", "g++"), *FLAGS, f"-I{jax.ffi.include_dir()}", *map(str, SOURCES), "-o", tmp]
             res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         except (OSError, subprocess.SubprocessError) as e:
-            return None, f"cannot build {SOURCE.name}: {e}"
+            return None, f"cannot build cpu_kernels.cc: {e}"
         if res.returncode:
             os.unlink(tmp)
-            return None, f"cannot build {SOURCE.name}: {' '.join(cmd)}\n{res.stderr[-2000:]}"
+            return None, f"cannot build cpu_kernels.cc: {' '.join(cmd)}\n{res.stderr[-2000:]}"
         os.replace(tmp, lib)  # atomic: processes building at once each leave a whole library
     try:
         dll = ctypes.cdll.LoadLibrary(str(lib))
@@ -85,6 +88,8 @@ def _build_and_load() -> tuple[ctypes.CDLL | None, str | None]:
         jax.ffi.register_ffi_target(MATMUL, jax.ffi.pycapsule(dll.C2jaxPackedMatmul), platform="cpu")
         jax.ffi.register_ffi_target(ATTENTION_FWD, jax.ffi.pycapsule(dll.C2jaxCausalAttentionFwd), platform="cpu")
         jax.ffi.register_ffi_target(ATTENTION_BWD, jax.ffi.pycapsule(dll.C2jaxCausalAttentionBwd), platform="cpu")
+        jax.ffi.register_ffi_target(EXPERT_FWD, jax.ffi.pycapsule(dll.C2jaxExpertFfnFwd), platform="cpu")
+        jax.ffi.register_ffi_target(EXPERT_BWD, jax.ffi.pycapsule(dll.C2jaxExpertFfnBwd), platform="cpu")
     except (OSError, AttributeError) as e:
         return None, f"cannot load {lib}: {e}"
     return dll, None

@@ -14,7 +14,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from c2jax.models import cpu_kernels
+from c2jax.models import cpu_kernels, cpu_moe
 from c2jax.models.layers import MLP, dtype_of
 from c2jax.platform import target_backend
 
@@ -301,6 +301,11 @@ def capacity_dispatch(x_TD, ids_TK, weights_TK, w_gate, w_up, w_down, capacity_f
     # Small token counts (decode steps) get cap = T: dropless, so decoding stays exact and
     # batch-invariant; large ones get the configured factor.
     cap = min(T, max(int(math.ceil(capacity_factor * T * K / E)), MIN_DROPLESS_CAPACITY))
+    if cpu_moe.usable(x_TD, w_gate) is None:
+        out = cpu_moe.expert_ffn(x_TD, ids_TK, weights_TK, w_gate, w_up, w_down, cap)
+        n_E = jnp.zeros((E,), jnp.int32).at[ids_TK.reshape(-1)].add(1, mode="drop")
+        dropped = jnp.sum(jnp.maximum(n_E - cap, 0)) / (T * K)   # each expert drops past its first cap
+        return out.astype(x_TD.dtype), dropped.astype(jnp.float32)
     if target_backend() == "cpu":
         return _block_dispatch(x_TD, ids_TK, weights_TK, w_gate, w_up, w_down, cap, CPU_BLOCK_ROWS)
     order_A, group_sizes_E = sort_assignments(ids_TK, E)

@@ -1,0 +1,262 @@
+// The routed-expert SwiGLU layer for CPU training and prefill, forward and backward, as XLA FFI
+// calls (see c2jax/models/cpu_moe.py for why). Capacity semantics of moe.capacity_dispatch: an
+// expert takes its first `cap` assignments in token order; the rest (and ids outside [0, E))
+// contribute nothing.
+//
+// Layouts (row-major): x [T, D], ids / weights [T, K], w_gate / w_up [E, D, F], w_down [E, F, D].
+// Assignment a = t * K + k. Forward residuals per assignment (zero rows where dropped):
+// g, u [A, F] (gate and up pre-activations) and y [A, D] (the expert's output row).
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include "xla/ffi/api/ffi.h"
+#include "cpu_simd.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+using namespace c2jax_simd;  // NOLINT
+
+constexpr int64_t kChunk = 128;  // assignment rows per product (a multiple of 4)
+
+struct Shape {
+  int64_t T, K, D, F, E, A;
+};
+
+ffi::Error Fail(const char* msg) { return ffi::Error(ffi::ErrorCode::kInvalidArgument, msg); }
+
+ffi::Error CheckShape(ffi::Buffer<ffi::F32>& x, ffi::Buffer<ffi::S32>& ids, ffi::Buffer<ffi::F32>& weights,
+                      ffi::Buffer<ffi::F32>& wg, ffi::Buffer<ffi::F32>& wu, ffi::Buffer<ffi::F32>& wd, Shape* s) {
+  auto xd = x.dimensions(), id = ids.dimensions(), wdim = weights.dimensions();
+  auto gd = wg.dimensions(), ud = wu.dimensions(), dd = wd.dimensions();
+  if (xd.size() != 2 || id.size() != 2 || wdim.size() != 2 || gd.size() != 3 || ud.size() != 3 || dd.size() != 3)
+    return Fail("expert ffn wants x [T, D], ids and weights [T, K], w_gate / w_up [E, D, F], w_down [E, F, D]");
+  s->T = xd[0], s->D = xd[1], s->K = id[1], s->E = gd[0], s->F = gd[2], s->A = s->T * s->K;
+  if (id[0] != s->T || wdim[0] != s->T || wdim[1] != s->K || gd[1] != s->D || ud[0] != s->E ||
+      ud[1] != s->D || ud[2] != s->F || dd[0] != s->E || dd[1] != s->F || dd[2] != s->D)
+    return Fail("expert ffn: shapes of x, ids, weights and the expert weights disagree");
+  if (s->D % 64 || s->F % 64) return Fail("expert ffn: width and expert width must be multiples of 64");
+  return ffi::Error::Success();
+}
+
+// Kept assignments of each expert in token order: rows[start[e] .. start[e + 1]).
+void Route(const Shape& s, const int32_t* ids, int64_t cap, std::vector<int64_t>* start, std::vector<int64_t>* rows) {
+  std::vector<int64_t> count(s.E, 0);
+  start->assign(s.E + 1, 0);
+  for (int64_t a = 0; a < s.A; ++a)
+    if (ids[a] >= 0 && ids[a] < s.E && count[ids[a]] < cap) ++count[ids[a]];
+  for (int64_t e = 0; e < s.E; ++e) (*start)[e + 1] = (*start)[e] + count[e];
+  rows->resize((*start)[s.E]);
+  std::vector<int64_t> fill(start->begin(), start->end() - 1);
+  for (int64_t a = 0; a < s.A; ++a) {
+    const int32_t e = ids[a];
+    if (e >= 0 && e < s.E && fill[e] < (*start)[e + 1]) (*rows)[fill[e]++] = a;
+  }
+}
+
+// Experts largest first: the units of the parallel loops.
+std::vector<int64_t> ByLoad(const std::vector<int64_t>& start) {
+  std::vector<int64_t> order(start.size() - 1);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return start[a + 1] - start[a] > start[b + 1] - start[b]; });
+  return order;
+}
+
+inline v16 Sigmoid(v16 g) { return 1.0f / (1.0f + Exp(-g)); }
+
+ffi::Error Forward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> ids,
+                   ffi::Buffer<ffi::F32> weights, ffi::Buffer<ffi::F32> wg, ffi::Buffer<ffi::F32> wu,
+                   ffi::Buffer<ffi::F32> wd, int64_t cap, ffi::ResultBuffer<ffi::F32> out,
+                   ffi::ResultBuffer<ffi::F32> g_res, ffi::ResultBuffer<ffi::F32> u_res,
+                   ffi::ResultBuffer<ffi::F32> y_res) {
+  Shape s;
+  if (auto e = CheckShape(x, ids, weights, wg, wu, wd, &s); e.failure()) return e;
+  const int64_t D = s.D, F = s.F, K = s.K;
+  const float *xp = x.typed_data(), *cw = weights.typed_data();
+  const float *wgp = wg.typed_data(), *wup = wu.typed_data(), *wdp = wd.typed_data();
+  float *gp = g_res->typed_data(), *up = u_res->typed_data(), *yp = y_res->typed_data(), *op = out->typed_data();
+  std::vector<int64_t> start, rows;
+  Route(s, ids.typed_data(), cap, &start, &rows);
+  std::vector<uint8_t> kept(s.A, 0);
+  for (int64_t a : rows) kept[a] = 1;
+  for (int64_t a = 0; a < s.A; ++a)
+    if (!kept[a]) {
+      std::memset(gp + a * F, 0, sizeof(float) * F);
+      std::memset(up + a * F, 0, sizeof(float) * F);
+      std::memset(yp + a * D, 0, sizeof(float) * D);
+    }
+  const std::vector<int64_t> order = ByLoad(start);
+  ParallelFor(pool, s.E, [&](int64_t u) {
+    const int64_t e = order[u];
+    std::vector<float> wgu(D * 2 * F), wdn(F * D);  // [w_gate | w_up] and w_down as packed panels
+    PackPanels(wgp + e * D * F, F, D, F, wgu.data());
+    PackPanels(wup + e * D * F, F, D, F, wgu.data() + D * F);
+    PackPanels(wdp + e * F * D, D, F, D, wdn.data());
+    std::vector<float> xs(kChunk * D), gu(kChunk * 2 * F), h(kChunk * F), y(kChunk * D);
+    for (int64_t r0 = start[e]; r0 < start[e + 1]; r0 += kChunk) {
+      const int64_t n = std::min<int64_t>(kChunk, start[e + 1] - r0), M = Up(n, 4);
+      for (int64_t i = 0; i < M; ++i) {
+        if (i < n) std::memcpy(&xs[i * D], xp + (rows[r0 + i] / K) * D, sizeof(float) * D);
+        else std::memset(&xs[i * D], 0, sizeof(float) * D);
+      }
+      RowsTimesPacked(xs.data(), D, M, D, wgu.data(), 2 * F, gu.data(), 2 * F);
+      for (int64_t i = 0; i < M; ++i)
+        for (int64_t j = 0; j < F; j += 16) {
+          const v16 gv = Load(&gu[i * 2 * F + j]);
+          Store(&h[i * F + j], gv * Sigmoid(gv) * Load(&gu[i * 2 * F + F + j]));
+        }
+      RowsTimesPacked(h.data(), F, M, F, wdn.data(), D, y.data(), D);
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t a = rows[r0 + i];
+        std::memcpy(gp + a * F, &gu[i * 2 * F], sizeof(float) * F);
+        std::memcpy(up + a * F, &gu[i * 2 * F + F], sizeof(float) * F);
+        std::memcpy(yp + a * D, &y[i * D], sizeof(float) * D);
+      }
+    }
+  });
+  ParallelFor(pool, s.T, [&](int64_t t) {  // out[t] = sum_k weights[t, k] y[t K + k]
+    float* o = op + t * D;
+    for (int64_t j = 0; j < D; j += 16) {
+      v16 acc = {};
+      for (int64_t k = 0; k < K; ++k) acc += cw[t * K + k] * Load(yp + (t * K + k) * D + j);
+      Store(o + j, acc);
+    }
+  });
+  return ffi::Error::Success();
+}
+
+// dst [cols, rows] = src [rows, cols]^T in 16 x 16 tiles (rows, cols multiples of 16)
+void Transpose(const float* src, int64_t rows, int64_t cols, float* dst) {
+  for (int64_t i0 = 0; i0 < rows; i0 += 16)
+    for (int64_t j0 = 0; j0 < cols; j0 += 16)
+      for (int64_t j = j0; j < j0 + 16; ++j)
+        for (int64_t i = i0; i < i0 + 16; ++i) dst[j * rows + i] = src[i * cols + j];
+}
+
+ffi::Error Backward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> ids,
+                    ffi::Buffer<ffi::F32> weights, ffi::Buffer<ffi::F32> wg, ffi::Buffer<ffi::F32> wu,
+                    ffi::Buffer<ffi::F32> wd, ffi::Buffer<ffi::F32> g_res, ffi::Buffer<ffi::F32> u_res,
+                    ffi::Buffer<ffi::F32> y_res, ffi::Buffer<ffi::F32> dout, int64_t cap,
+                    ffi::ResultBuffer<ffi::F32> dx, ffi::ResultBuffer<ffi::F32> dweights,
+                    ffi::ResultBuffer<ffi::F32> dwg, ffi::ResultBuffer<ffi::F32> dwu, ffi::ResultBuffer<ffi::F32> dwd) {
+  Shape s;
+  if (auto e = CheckShape(x, ids, weights, wg, wu, wd, &s); e.failure()) return e;
+  const int64_t D = s.D, F = s.F, K = s.K;
+  if (g_res.element_count() != static_cast<size_t>(s.A * F) || u_res.element_count() != g_res.element_count() ||
+      y_res.element_count() != static_cast<size_t>(s.A * D) || dout.element_count() != static_cast<size_t>(s.T * D))
+    return Fail("expert ffn backward: residuals g, u [A, F], y [A, D] and dout [T, D] expected");
+  const float *xp = x.typed_data(), *cw = weights.typed_data(), *dop = dout.typed_data();
+  const float *wgp = wg.typed_data(), *wup = wu.typed_data(), *wdp = wd.typed_data();
+  const float *gp = g_res.typed_data(), *up = u_res.typed_data(), *yp = y_res.typed_data();
+  float *dxp = dx->typed_data(), *dcw = dweights->typed_data();
+  float *dwgp = dwg->typed_data(), *dwup = dwu->typed_data(), *dwdp = dwd->typed_data();
+  std::vector<int64_t> start, rows;
+  Route(s, ids.typed_data(), cap, &start, &rows);
+  std::vector<float> dxa(s.A * D, 0.0f);  // dx per assignment (zero where dropped)
+  const std::vector<int64_t> order = ByLoad(start);
+  ParallelFor(pool, s.E, [&](int64_t u) {
+    const int64_t e = order[u];
+    float *dwge = dwgp + e * D * F, *dwue = dwup + e * D * F, *dwde = dwdp + e * F * D;
+    std::memset(dwge, 0, sizeof(float) * D * F);
+    std::memset(dwue, 0, sizeof(float) * D * F);
+    std::memset(dwde, 0, sizeof(float) * F * D);
+    if (start[e + 1] == start[e]) return;
+    // w_down^T [D, F] and [w_gate^T; w_up^T] [2F, D] as packed panels
+    std::vector<float> t(2 * F * D), wdT(D * F), wguT(2 * F * D), scratch;
+    Transpose(wdp + e * F * D, F, D, t.data());
+    PackPanels(t.data(), F, D, F, wdT.data());
+    Transpose(wgp + e * D * F, D, F, t.data());
+    Transpose(wup + e * D * F, D, F, t.data() + F * D);
+    PackPanels(t.data(), D, 2 * F, D, wguT.data());
+    std::vector<float> xs(kChunk * D), dy(kChunk * D), dh(kChunk * F), dgu(kChunk * 2 * F), h(kChunk * F),
+        dxs(kChunk * D);
+    for (int64_t r0 = start[e]; r0 < start[e + 1]; r0 += kChunk) {
+      const int64_t n = std::min<int64_t>(kChunk, start[e + 1] - r0), M = Up(n, 4);
+      for (int64_t i = 0; i < M; ++i) {
+        if (i < n) {
+          const int64_t a = rows[r0 + i], t = a / K;
+          std::memcpy(&xs[i * D], xp + t * D, sizeof(float) * D);
+          const float c = cw[a];
+          for (int64_t j = 0; j < D; j += 16) Store(&dy[i * D + j], c * Load(dop + t * D + j));
+        } else {
+          std::memset(&xs[i * D], 0, sizeof(float) * D);
+          std::memset(&dy[i * D], 0, sizeof(float) * D);
+        }
+      }
+      RowsTimesPacked(dy.data(), D, M, D, wdT.data(), F, dh.data(), F);  // dH = dY w_down^T
+      for (int64_t i = 0; i < M; ++i) {
+        const float* gr = i < n ? gp + rows[r0 + i] * F : nullptr;
+        const float* ur = i < n ? up + rows[r0 + i] * F : nullptr;
+        for (int64_t j = 0; j < F; j += 16) {
+          const v16 g = gr ? Load(gr + j) : v16{}, uu = ur ? Load(ur + j) : v16{};
+          const v16 sg = Sigmoid(g), silu = g * sg, d = Load(&dh[i * F + j]);
+          const v16 dgv = d * uu * (sg * (1.0f + g * (1.0f - sg))), duv = d * silu;
+          Store(&h[i * F + j], silu * uu);
+          Store(&dgu[i * 2 * F + j], dgv);
+          Store(&dgu[i * 2 * F + F + j], duv);
+        }
+      }
+      RowsTimesPacked(dgu.data(), 2 * F, M, 2 * F, wguT.data(), D, dxs.data(), D);  // dX
+      ColsTimesRowsPacked(xs.data(), D, M, D, dgu.data(), 2 * F, F, dwge, F, scratch);      // dW_gate += X^T dG
+      ColsTimesRowsPacked(xs.data(), D, M, D, dgu.data() + F, 2 * F, F, dwue, F, scratch);  // dW_up += X^T dU
+      ColsTimesRowsPacked(h.data(), F, M, F, dy.data(), D, D, dwde, D, scratch);            // dW_down += H^T dY
+      for (int64_t i = 0; i < n; ++i) std::memcpy(&dxa[rows[r0 + i] * D], &dxs[i * D], sizeof(float) * D);
+    }
+  });
+  ParallelFor(pool, s.T, [&](int64_t t) {
+    float* o = dxp + t * D;
+    for (int64_t j = 0; j < D; j += 16) {
+      v16 acc = {};
+      for (int64_t k = 0; k < K; ++k) acc += Load(&dxa[(t * K + k) * D + j]);
+      Store(o + j, acc);
+    }
+    for (int64_t k = 0; k < K; ++k) {  // d weights[t, k] = <y[a], dout[t]>
+      v16 acc = {};
+      for (int64_t j = 0; j < D; j += 16) acc += Load(yp + (t * K + k) * D + j) * Load(dop + t * D + j);
+      dcw[t * K + k] = Sum(acc);
+    }
+  });
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(C2jaxExpertFfnFwd, Forward,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int64_t>("cap")
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(C2jaxExpertFfnBwd, Backward,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int64_t>("cap")
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());

@@ -1,0 +1,236 @@
+// Shared pieces of the CPU FFI kernels (cpu_attention.cc, cpu_moe.cc): GCC vector types, a
+// vectorized exp, the three register-blocked product shapes they are written in, and a
+// parallel-for on XLA's intra-op thread pool. Plain GCC vector extensions: AVX-512 under
+// -march=native where the host has it, narrower vectors elsewhere.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <vector>
+#include <cstdlib>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace c2jax_simd {
+
+namespace ffi = xla::ffi;
+
+typedef float v16 __attribute__((vector_size(64)));
+typedef int32_t i16 __attribute__((vector_size(64)));
+
+inline v16 Load(const float* p) {
+  v16 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+inline void Store(float* p, v16 v) { std::memcpy(p, &v, sizeof(v)); }
+inline v16 Splat(float x) { return v16{} + x; }
+inline float Sum(v16 v) {
+  float s = 0;
+  for (int i = 0; i < 16; ++i) s += v[i];
+  return s;
+}
+inline size_t Up(size_t n, size_t m) { return (n + m - 1) / m * m; }
+
+// exp(x) for x in [-87, 88] (clamped there), |rel err| < 2e-7: 2^n * 2^f, f in [-0.5, 0.5].
+inline v16 Exp(v16 x) {
+  x = x < Splat(-87.0f) ? Splat(-87.0f) : x;
+  x = x > Splat(88.0f) ? Splat(88.0f) : x;
+  const v16 y = x * 1.44269504088896341f;
+  const v16 half = y < Splat(0.0f) ? Splat(-0.5f) : Splat(0.5f);
+  const i16 n = __builtin_convertvector(y + half, i16);
+  const v16 f = (y - __builtin_convertvector(n, v16)) * 0.6931471805599453f;
+  v16 p = Splat(1.0f / 5040);
+  p = p * f + 1.0f / 720;
+  p = p * f + 1.0f / 120;
+  p = p * f + 1.0f / 24;
+  p = p * f + 1.0f / 6;
+  p = p * f + 0.5f;
+  p = p * f + 1.0f;
+  p = p * f + 1.0f;
+  const i16 bits = (n + 127) << 23;
+  v16 scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
+
+// C[m, 0:N] = A[m, 0:K] @ Bt[0:K, 0:N] for m < M; N a multiple of 64, M of 4.
+inline void RowsTimesPanel(const float* A, int64_t lda, int64_t M, int64_t K, const float* Bt, int64_t ldb, int64_t N,
+                    float* C, int64_t ldc) {
+  for (int64_t r = 0; r < M; r += 4)
+    for (int64_t c = 0; c < N; c += 64) {
+      v16 acc[4][4] = {};
+      for (int64_t kk = 0; kk < K; ++kk) {
+        const float* b = Bt + kk * ldb + c;
+        const v16 b0 = Load(b), b1 = Load(b + 16), b2 = Load(b + 32), b3 = Load(b + 48);
+        for (int i = 0; i < 4; ++i) {
+          const float a = A[(r + i) * lda + kk];
+          acc[i][0] += a * b0;
+          acc[i][1] += a * b1;
+          acc[i][2] += a * b2;
+          acc[i][3] += a * b3;
+        }
+      }
+      for (int i = 0; i < 4; ++i)
+        for (int j = 0; j < 4; ++j) Store(C + (r + i) * ldc + c + 16 * j, acc[i][j]);
+    }
+}
+
+// C[m, 0:W] = A[m, 0:n] @ rows B(j)[0:W] (row j at B + j * ldb) for m < M; W = 16 * NV, M % 4 == 0.
+template <int NV>
+inline void RowsTimesRows(const float* A, int64_t lda, int64_t M, int64_t n, const float* B, int64_t ldb, float* C,
+                   int64_t ldc) {
+  for (int64_t r = 0; r < M; r += 4) {
+    v16 acc[4][NV] = {};
+    for (int64_t j = 0; j < n; ++j) {
+      v16 b[NV];
+      for (int v = 0; v < NV; ++v) b[v] = Load(B + j * ldb + 16 * v);
+      for (int i = 0; i < 4; ++i) {
+        const float a = A[(r + i) * lda + j];
+        for (int v = 0; v < NV; ++v) acc[i][v] += a * b[v];
+      }
+    }
+    for (int i = 0; i < 4; ++i)
+      for (int v = 0; v < NV; ++v) Store(C + (r + i) * ldc + 16 * v, acc[i][v]);
+  }
+}
+
+// C[j, 0:W] += sum_i A[i, j] * B[i, 0:W] for j < n (n % 4 == 0), i < M; W = 16 * NV.
+template <int NV>
+inline void ColsTimesRows(const float* A, int64_t lda, int64_t M, int64_t n, const float* B, int64_t ldb, float* C,
+                   int64_t ldc) {
+  for (int64_t j = 0; j < n; j += 4) {
+    v16 acc[4][NV];
+    for (int i = 0; i < 4; ++i)
+      for (int v = 0; v < NV; ++v) acc[i][v] = Load(C + (j + i) * ldc + 16 * v);
+    for (int64_t r = 0; r < M; ++r) {
+      v16 b[NV];
+      for (int v = 0; v < NV; ++v) b[v] = Load(B + r * ldb + 16 * v);
+      for (int i = 0; i < 4; ++i) {
+        const float a = A[r * lda + j + i];
+        for (int v = 0; v < NV; ++v) acc[i][v] += a * b[v];
+      }
+    }
+    for (int i = 0; i < 4; ++i)
+      for (int v = 0; v < NV; ++v) Store(C + (j + i) * ldc + 16 * v, acc[i][v]);
+  }
+}
+
+// The width-W products above over a width that is any multiple of 16 (chunks of 64).
+inline void RowsTimesRowsW(const float* A, int64_t lda, int64_t M, int64_t n, const float* B, int64_t ldb, int64_t W,
+                    float* C, int64_t ldc) {
+  for (int64_t c = 0; c < W; c += 64) {
+    const int nv = static_cast<int>(std::min<int64_t>(64, W - c) / 16);
+    if (nv == 4) RowsTimesRows<4>(A, lda, M, n, B + c, ldb, C + c, ldc);
+    else if (nv == 3) RowsTimesRows<3>(A, lda, M, n, B + c, ldb, C + c, ldc);
+    else if (nv == 2) RowsTimesRows<2>(A, lda, M, n, B + c, ldb, C + c, ldc);
+    else RowsTimesRows<1>(A, lda, M, n, B + c, ldb, C + c, ldc);
+  }
+}
+
+inline void ColsTimesRowsW(const float* A, int64_t lda, int64_t M, int64_t n, const float* B, int64_t ldb, int64_t W,
+                    float* C, int64_t ldc) {
+  for (int64_t c = 0; c < W; c += 64) {
+    const int nv = static_cast<int>(std::min<int64_t>(64, W - c) / 16);
+    if (nv == 4) ColsTimesRows<4>(A, lda, M, n, B + c, ldb, C + c, ldc);
+    else if (nv == 3) ColsTimesRows<3>(A, lda, M, n, B + c, ldb, C + c, ldc);
+    else if (nv == 2) ColsTimesRows<2>(A, lda, M, n, B + c, ldb, C + c, ldc);
+    else ColsTimesRows<1>(A, lda, M, n, B + c, ldb, C + c, ldc);
+  }
+}
+
+// Packed panels: [K, N] (row stride ldb) -> [N/64][K][64], so a product streams each 64-column
+// panel contiguously (rows of a [K, N] matrix 2 KB apart fall into the same few L1 sets).
+inline void PackPanels(const float* B, int64_t ldb, int64_t K, int64_t N, float* dst) {
+  for (int64_t c = 0; c < N; c += 64)
+    for (int64_t kk = 0; kk < K; ++kk) std::memcpy(dst + (c * K) + kk * 64, B + kk * ldb + c, 64 * sizeof(float));
+}
+
+// C[m, 0:N] = A[m, 0:K] @ B for m < M (M % 4 == 0), B packed by PackPanels (N % 64 == 0).
+inline void RowsTimesPacked(const float* A, int64_t lda, int64_t M, int64_t K, const float* Bp, int64_t N,
+                            float* C, int64_t ldc) {
+  for (int64_t c = 0; c < N; c += 64) {
+    const float* panel = Bp + c * K;
+    for (int64_t r = 0; r < M; r += 4) {
+      v16 acc[4][4] = {};
+      const float* a = A + r * lda;
+      for (int64_t kk = 0; kk < K; ++kk) {
+        const float* b = panel + kk * 64;
+        const v16 b0 = Load(b), b1 = Load(b + 16), b2 = Load(b + 32), b3 = Load(b + 48);
+        for (int i = 0; i < 4; ++i) {
+          const float x = a[i * lda + kk];
+          acc[i][0] += x * b0;
+          acc[i][1] += x * b1;
+          acc[i][2] += x * b2;
+          acc[i][3] += x * b3;
+        }
+      }
+      for (int i = 0; i < 4; ++i)
+        for (int j = 0; j < 4; ++j) Store(C + (r + i) * ldc + c + 16 * j, acc[i][j]);
+    }
+  }
+}
+
+// C[j, 0:W] += sum_{i < M} A[i, j] B[i, 0:W] for j < n (n % 4 == 0, W % 64 == 0): A^T B through
+// scratch copies of A as [n/4][M][4] and B as panels [W/64][M][64] (both then read contiguously).
+inline void ColsTimesRowsPacked(const float* A, int64_t lda, int64_t M, int64_t n, const float* B, int64_t ldb,
+                                int64_t W, float* C, int64_t ldc, std::vector<float>& scratch) {
+  scratch.resize(n * M + W * M);
+  float *ap = scratch.data(), *bp = ap + n * M;
+  for (int64_t j = 0; j < n; j += 4)
+    for (int64_t i = 0; i < M; ++i) std::memcpy(ap + j * M + i * 4, A + i * lda + j, 4 * sizeof(float));
+  PackPanels(B, ldb, M, W, bp);
+  for (int64_t c = 0; c < W; c += 64) {
+    const float* panel = bp + c * M;
+    for (int64_t j = 0; j < n; j += 4) {
+      v16 acc[4][4];
+      for (int i = 0; i < 4; ++i)
+        for (int v = 0; v < 4; ++v) acc[i][v] = Load(C + (j + i) * ldc + c + 16 * v);
+      const float* a = ap + j * M;
+      for (int64_t r = 0; r < M; ++r) {
+        const float* b = panel + r * 64;
+        const v16 b0 = Load(b), b1 = Load(b + 16), b2 = Load(b + 32), b3 = Load(b + 48);
+        for (int i = 0; i < 4; ++i) {
+          const float x = a[r * 4 + i];
+          acc[i][0] += x * b0;
+          acc[i][1] += x * b1;
+          acc[i][2] += x * b2;
+          acc[i][3] += x * b3;
+        }
+      }
+      for (int i = 0; i < 4; ++i)
+        for (int v = 0; v < 4; ++v) Store(C + (j + i) * ldc + c + 16 * v, acc[i][v]);
+    }
+  }
+}
+
+// Runs work(u) for u < n on this thread and XLA's intra-op pool; returns when all are done.
+// Tasks that start after the work ran out return at once (they hold the state by shared_ptr).
+inline void ParallelFor(ffi::ThreadPool& pool, int64_t n, const std::function<void(int64_t)>& work) {
+  struct State {
+    std::atomic<int64_t> next{0}, done{0};
+  };
+  auto st = std::make_shared<State>();
+  const int64_t helpers = std::min<int64_t>(std::max<int64_t>(pool.num_threads(), 1), n) - 1;
+  const std::function<void(int64_t)>* w = &work;
+  auto run = [st, w, n]() {
+    for (int64_t u; (u = st->next.fetch_add(1)) < n;) {
+      (*w)(u);
+      st->done.fetch_add(1, std::memory_order_release);
+    }
+  };
+  for (int64_t t = 0; t < helpers; ++t) {
+    auto task = run;
+    pool.Schedule(std::move(task));
+  }
+  run();
+  while (st->done.load(std::memory_order_acquire) < n) std::this_thread::yield();
+}
+
+}  // namespace c2jax_simd

@@ -1,0 +1,128 @@
+"""The CPU routed-expert kernel (c2jax/models/cpu_moe.cc) against references: float64 numpy for
+the forward (with capacity drops and ids outside the experts), a dense jnp SwiGLU over every
+expert for the gradients, XLA's block path for the dropped fraction, and the model's training
+loss and gradients with both CPU training kernels off."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from c2jax.models import cpu_attention, cpu_kernels, cpu_moe, moe
+
+pytestmark = pytest.mark.skipif(cpu_kernels.unavailable() is not None,
+                                reason=f"CPU kernels unavailable: {cpu_kernels.unavailable()}")
+
+
+def _inputs(T, K, E, D, F, seed):
+    ks = jax.random.split(jax.random.key(seed), 6)
+    x = jax.random.normal(ks[0], (T, D))
+    wg = jax.random.normal(ks[1], (E, D, F)) * D ** -0.5
+    wu = jax.random.normal(ks[2], (E, D, F)) * D ** -0.5
+    wd = jax.random.normal(ks[3], (E, F, D)) * F ** -0.5
+    weights, ids = jax.lax.top_k(jax.nn.softmax(2 * jax.random.normal(ks[4], (T, E))), K)
+    return x, ids.astype(jnp.int32), weights, wg, wu, wd, jax.random.normal(ks[5], (T, D))
+
+
+def _kept(ids, E, cap):
+    """bool [T, K]: assignment kept (expert in range and among its first cap in token order)."""
+    flat = np.asarray(ids).reshape(-1)
+    seen, keep = np.zeros(E, int), np.zeros(flat.shape, bool)
+    for a, e in enumerate(flat):
+        if 0 <= e < E and seen[e] < cap:
+            seen[e] += 1
+            keep[a] = True
+    return keep.reshape(ids.shape)
+
+
+def _reference64(x, ids, weights, wg, wu, wd, cap):
+    x, weights, wg, wu, wd = (np.asarray(a, np.float64) for a in (x, weights, wg, wu, wd))
+    ids = np.asarray(ids)
+    keep = _kept(ids, wg.shape[0], cap)
+    out = np.zeros_like(x)
+    for t, k in zip(*np.nonzero(keep)):
+        e = ids[t, k]
+        g, u = x[t] @ wg[e], x[t] @ wu[e]
+        out[t] += weights[t, k] * ((g / (1 + np.exp(-g)) * u) @ wd[e])
+    return out
+
+
+def _dense(x, ids, weights, wg, wu, wd, keep):
+    """The same layer as every expert on every token, masked: a simpler jnp path for gradients."""
+    g = jnp.einsum("td,edf->tef", x, wg)
+    y = jnp.einsum("tef,efd->ted", jax.nn.silu(g) * jnp.einsum("td,edf->tef", x, wu), wd)
+    w_TE = jnp.zeros((x.shape[0], wg.shape[0])).at[jnp.arange(x.shape[0])[:, None], ids].add(weights * keep)
+    return jnp.einsum("ted,te->td", y, w_TE)
+
+
+@pytest.mark.parametrize("T,K,E,D,F,cap", [(50, 2, 4, 64, 128, 50), (300, 2, 8, 128, 64, 40),
+                                           (129, 3, 5, 64, 64, 129)])
+def test_kernel_matches_references(T, K, E, D, F, cap):
+    x, ids, weights, wg, wu, wd, cot = _inputs(T, K, E, D, F, T)
+    if T == 129:
+        ids = ids.at[::7, 0].set(E + 2).at[::11, 1].set(-1)   # outside the experts: add nothing
+    assert cpu_moe.usable(x, wg) is None
+    out = jax.jit(lambda *a: cpu_moe.expert_ffn(*a, cap))(x, ids, weights, wg, wu, wd)
+    np.testing.assert_allclose(out, _reference64(x, ids, weights, wg, wu, wd, cap), rtol=2e-5, atol=2e-5)
+
+    keep = jnp.asarray(_kept(ids, E, cap), jnp.float32)
+    argn = (0, 2, 3, 4, 5)
+    g_ker = jax.jit(jax.grad(lambda x, i, w, *ws: jnp.sum(cpu_moe.expert_ffn(x, i, w, *ws, cap) * cot),
+                             argnums=argn))(x, ids, weights, wg, wu, wd)
+    g_ref = jax.grad(lambda x, i, w, *ws: jnp.sum(_dense(x, i, w, *ws, keep) * cot), argnums=argn)(
+        x, jnp.clip(ids, 0, E - 1), weights, wg, wu, wd)
+    for a, b in zip(g_ker, g_ref):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-5)
+
+
+def test_capacity_dispatch_takes_the_kernel_and_reports_drops_like_xla(monkeypatch):
+    x, ids, weights, wg, wu, wd, _ = _inputs(300, 2, 8, 128, 64, 1)
+    calls = []
+    real = cpu_moe.expert_ffn
+    monkeypatch.setattr(cpu_moe, "expert_ffn", lambda *a: calls.append(1) or real(*a))
+    out, dropped = moe.capacity_dispatch(x, ids, weights, wg, wu, wd, 1.0)
+    assert calls and float(dropped) > 0
+    monkeypatch.setattr(cpu_moe, "usable", lambda *a: "off for the reference")
+    out_xla, dropped_xla = moe.capacity_dispatch(x, ids, weights, wg, wu, wd, 1.0)
+    np.testing.assert_allclose(out, out_xla, rtol=1e-5, atol=1e-5)
+    assert float(dropped) == pytest.approx(float(dropped_xla))
+
+
+def test_refusals():
+    x, ids, weights, wg, wu, wd, _ = _inputs(20, 2, 4, 64, 64, 2)
+    assert "float32" in cpu_moe.usable(x.astype(jnp.bfloat16), wg)
+    assert "multiples of 64" in cpu_moe.usable(x[:, :32], wg[:, :32])
+    with pytest.raises(RuntimeError, match="cannot run: activations or expert weights are not float32"):
+        cpu_moe.expert_ffn(x, ids, weights, wg.astype(jnp.bfloat16), wu, wd, 20)
+    with pytest.raises(Exception, match="shapes of x, ids, weights and the expert weights disagree"):
+        cpu_moe._ffn(x, ids, weights, wg, wu, wd[:, :, :32], 20)   # the FFI call's own check
+
+
+def test_training_loss_and_grads_equal_with_cpu_kernels_off(monkeypatch):
+    from c2jax import config
+    from c2jax.models import Transformer, init_params
+    cfg = config.load_config_file("configs/tiny.py")
+    m = cfg.model
+    m.dtype = m.param_dtype = "float32"
+    model = Transformer(m)
+    params = init_params(cfg, jax.random.key(0))
+    B, L = 2, 48
+    rng = np.random.default_rng(0)
+    ids = jnp.asarray(rng.integers(0, m.vocab_size, (B, L)), jnp.int32)
+    pos = jnp.broadcast_to(jnp.arange(L, dtype=jnp.int32), (B, L))
+    seg = jnp.ones((B, L), jnp.int32)
+
+    def loss(p):
+        logits = model.apply({"params": p}, ids, pos, seg)[0]
+        return jnp.mean(jax.nn.logsumexp(logits.astype(jnp.float32), -1))
+
+    calls = []
+    real = cpu_moe.expert_ffn
+    monkeypatch.setattr(cpu_moe, "expert_ffn", lambda *a: calls.append(1) or real(*a))
+    l_ker, g_ker = jax.value_and_grad(loss)(params)
+    assert calls, "the training forward did not use the CPU expert kernel"
+    monkeypatch.setattr(cpu_moe, "usable", lambda *a: "off for the reference")
+    monkeypatch.setattr(cpu_attention, "usable", lambda *a: "off for the reference")
+    l_xla, g_xla = jax.value_and_grad(loss)(params)
+    np.testing.assert_allclose(l_ker, l_xla, rtol=1e-6)
+    for a, b in zip(jax.tree.leaves(g_ker), jax.tree.leaves(g_xla)):
+        np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-6)
