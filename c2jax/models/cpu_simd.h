@@ -152,61 +152,58 @@ inline void PackPanels(const float* B, int64_t ldb, int64_t K, int64_t N, float*
     for (int64_t kk = 0; kk < K; ++kk) std::memcpy(dst + (c * K) + kk * 64, B + kk * ldb + c, 64 * sizeof(float));
 }
 
-// C[m, 0:N] = A[m, 0:K] @ B for m < M (M % 4 == 0), B packed by PackPanels (N % 64 == 0).
+// Rows [r, r + RB) of C[:, c:c + 64] = (or +=) A @ panel (K rows of 64).
+template <int RB>
+inline void RowsPanelTile(const float* A, int64_t lda, int64_t r, int64_t K, const float* panel, float* C,
+                          int64_t ldc, int64_t c, bool accumulate = false) {
+  v16 acc[RB][4] = {};
+  if (accumulate)
+    for (int i = 0; i < RB; ++i)
+      for (int j = 0; j < 4; ++j) acc[i][j] = Load(C + (r + i) * ldc + c + 16 * j);
+  const float* a = A + r * lda;
+  for (int64_t kk = 0; kk < K; ++kk) {
+    const float* b = panel + kk * 64;
+    const v16 b0 = Load(b), b1 = Load(b + 16), b2 = Load(b + 32), b3 = Load(b + 48);
+    for (int i = 0; i < RB; ++i) {
+      const float x = a[i * lda + kk];
+      acc[i][0] += x * b0;
+      acc[i][1] += x * b1;
+      acc[i][2] += x * b2;
+      acc[i][3] += x * b3;
+    }
+  }
+  for (int i = 0; i < RB; ++i)
+    for (int j = 0; j < 4; ++j) Store(C + (r + i) * ldc + c + 16 * j, acc[i][j]);
+}
+
+// C[m, 0:N] = A[m, 0:K] @ B for m < M (M % 4 == 0), B packed by PackPanels (N % 64 == 0);
+// rows 6 at a time (24 accumulators) while 6 are left.
 inline void RowsTimesPacked(const float* A, int64_t lda, int64_t M, int64_t K, const float* Bp, int64_t N,
                             float* C, int64_t ldc) {
   for (int64_t c = 0; c < N; c += 64) {
     const float* panel = Bp + c * K;
-    for (int64_t r = 0; r < M; r += 4) {
-      v16 acc[4][4] = {};
-      const float* a = A + r * lda;
-      for (int64_t kk = 0; kk < K; ++kk) {
-        const float* b = panel + kk * 64;
-        const v16 b0 = Load(b), b1 = Load(b + 16), b2 = Load(b + 32), b3 = Load(b + 48);
-        for (int i = 0; i < 4; ++i) {
-          const float x = a[i * lda + kk];
-          acc[i][0] += x * b0;
-          acc[i][1] += x * b1;
-          acc[i][2] += x * b2;
-          acc[i][3] += x * b3;
-        }
-      }
-      for (int i = 0; i < 4; ++i)
-        for (int j = 0; j < 4; ++j) Store(C + (r + i) * ldc + c + 16 * j, acc[i][j]);
-    }
+    int64_t r = 0;
+    for (; r + 6 <= M; r += 6) RowsPanelTile<6>(A, lda, r, K, panel, C, ldc, c);
+    for (; r < M; r += 2) RowsPanelTile<2>(A, lda, r, K, panel, C, ldc, c);
   }
 }
 
 // C[j, 0:W] += sum_{i < M} A[i, j] B[i, 0:W] for j < n (n % 4 == 0, W % 64 == 0): A^T B through
-// scratch copies of A as [n/4][M][4] and B as panels [W/64][M][64] (both then read contiguously).
+// scratch copies of A^T [n, M] and of B as panels [W/64][M][64] (both then read contiguously);
+// C rows 6 at a time while 6 are left.
 inline void ColsTimesRowsPacked(const float* A, int64_t lda, int64_t M, int64_t n, const float* B, int64_t ldb,
                                 int64_t W, float* C, int64_t ldc, std::vector<float>& scratch) {
   scratch.resize(n * M + W * M);
-  float *ap = scratch.data(), *bp = ap + n * M;
-  for (int64_t j = 0; j < n; j += 4)
-    for (int64_t i = 0; i < M; ++i) std::memcpy(ap + j * M + i * 4, A + i * lda + j, 4 * sizeof(float));
+  float *at = scratch.data(), *bp = at + n * M;
+  for (int64_t i0 = 0; i0 < M; i0 += 16)
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t i = i0; i < std::min<int64_t>(i0 + 16, M); ++i) at[j * M + i] = A[i * lda + j];
   PackPanels(B, ldb, M, W, bp);
   for (int64_t c = 0; c < W; c += 64) {
     const float* panel = bp + c * M;
-    for (int64_t j = 0; j < n; j += 4) {
-      v16 acc[4][4];
-      for (int i = 0; i < 4; ++i)
-        for (int v = 0; v < 4; ++v) acc[i][v] = Load(C + (j + i) * ldc + c + 16 * v);
-      const float* a = ap + j * M;
-      for (int64_t r = 0; r < M; ++r) {
-        const float* b = panel + r * 64;
-        const v16 b0 = Load(b), b1 = Load(b + 16), b2 = Load(b + 32), b3 = Load(b + 48);
-        for (int i = 0; i < 4; ++i) {
-          const float x = a[r * 4 + i];
-          acc[i][0] += x * b0;
-          acc[i][1] += x * b1;
-          acc[i][2] += x * b2;
-          acc[i][3] += x * b3;
-        }
-      }
-      for (int i = 0; i < 4; ++i)
-        for (int v = 0; v < 4; ++v) Store(C + (j + i) * ldc + c + 16 * v, acc[i][v]);
-    }
+    int64_t j = 0;
+    for (; j + 6 <= n; j += 6) RowsPanelTile<6>(at, M, j, M, panel, C, ldc, c, true);
+    for (; j < n; j += 2) RowsPanelTile<2>(at, M, j, M, panel, C, ldc, c, true);
   }
 }
 
