@@ -1,7 +1,8 @@
 """CPU kernels as XLA FFI calls. Decode (cpu_kernels.cc): kernels that stream each weight once for
 up to 8 rows: the MoE layer (every chosen expert read once), the output head and the other Linear
-layers. Training (cpu_attention.cc / cpu_moe.cc, wrapped by cpu_attention.py / cpu_moe.py): causal
-attention and the routed experts, forward and backward. All build into one library.
+layers. Training (cpu_attention.cc / cpu_moe.cc / cpu_loss.cc, wrapped by cpu_attention.py /
+cpu_moe.py / c2jax.train.head_loss): causal attention, the routed experts and the per-token NLL,
+forward and backward. All build into one library.
 
 Why: XLA CPU runs a product of 2-8 rows at 5-9 GB/s on one core against 11-14 GB/s for a
 one-row product, so split_dispatch runs few-row windows row by row, and an expert picked by r
@@ -35,10 +36,12 @@ PANEL = 16   # output columns per packed panel (cpu_kernels.cc kPanel)
 TARGET = "c2jax_moe_ffn"
 MATMUL = "c2jax_packed_matmul"
 # one library; the header is listed so that its edits change the cache key
-SOURCES = tuple(Path(__file__).with_name(n) for n in ("cpu_kernels.cc", "cpu_attention.cc", "cpu_moe.cc"))
+SOURCES = tuple(Path(__file__).with_name(n) for n in ("cpu_kernels.cc", "cpu_attention.cc", "cpu_moe.cc",
+                                                      "cpu_loss.cc"))
 HEADERS = (Path(__file__).with_name("cpu_simd.h"),)
 ATTENTION_FWD, ATTENTION_BWD = "c2jax_causal_attention_fwd", "c2jax_causal_attention_bwd"
 EXPERT_FWD, EXPERT_BWD = "c2jax_expert_ffn_fwd", "c2jax_expert_ffn_bwd"
+TOKEN_NLL_FWD, TOKEN_NLL_BWD = "c2jax_token_nll_fwd", "c2jax_token_nll_bwd"
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno")
 
 
@@ -90,6 +93,8 @@ def _build_and_load() -> tuple[ctypes.CDLL | None, str | None]:
         jax.ffi.register_ffi_target(ATTENTION_BWD, jax.ffi.pycapsule(dll.C2jaxCausalAttentionBwd), platform="cpu")
         jax.ffi.register_ffi_target(EXPERT_FWD, jax.ffi.pycapsule(dll.C2jaxExpertFfnFwd), platform="cpu")
         jax.ffi.register_ffi_target(EXPERT_BWD, jax.ffi.pycapsule(dll.C2jaxExpertFfnBwd), platform="cpu")
+        jax.ffi.register_ffi_target(TOKEN_NLL_FWD, jax.ffi.pycapsule(dll.C2jaxTokenNllFwd), platform="cpu")
+        jax.ffi.register_ffi_target(TOKEN_NLL_BWD, jax.ffi.pycapsule(dll.C2jaxTokenNllBwd), platform="cpu")
     except (OSError, AttributeError) as e:
         return None, f"cannot load {lib}: {e}"
     return dll, None

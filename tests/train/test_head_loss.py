@@ -20,10 +20,18 @@ def _inputs(T=24, D=16, V=40, seed=0, tied=False):
     return h, w, t, g
 
 
+@pytest.mark.parametrize("V", [40, 64])   # 64: the NLL passes run as cpu_loss.cc's FFI calls on CPU
 @pytest.mark.parametrize("tied", [False, True])
 @pytest.mark.parametrize("scale", [1.0, 1.0 / 0.7])
-def test_fused_head_matches_logits_then_nll(tied, scale):
-    h, w, t, g = _inputs(tied=tied, seed=int(tied))
+def test_fused_head_matches_logits_then_nll(tied, scale, V, monkeypatch):
+    from c2jax.train import head_loss
+    uses_kernel = head_loss._cpu_kernel_usable(jnp.zeros((2, V))) is None
+    assert uses_kernel == (V == 64 and jax.default_backend() == "cpu"
+                           and head_loss.cpu_kernels.unavailable() is None)
+    calls = []
+    real = jax.ffi.ffi_call
+    monkeypatch.setattr(jax.ffi, "ffi_call", lambda name, *a, **k: calls.append(name) or real(name, *a, **k))
+    h, w, t, g = _inputs(V=V, tied=tied, seed=int(tied))
 
     def ref(h, w):
         logits = (h @ (w.T if tied else w)) * scale
@@ -40,6 +48,8 @@ def test_fused_head_matches_logits_then_nll(tied, scale):
     for a, b in zip(aux_f + g_f, aux_r + g_r):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
     assert float(jnp.max(jnp.abs(g_f[1]))) > 1e-3   # the weight gradient is really there
+    if uses_kernel:
+        assert calls == [head_loss.cpu_kernels.TOKEN_NLL_FWD, head_loss.cpu_kernels.TOKEN_NLL_BWD]
 
 
 def test_fused_head_bf16_is_close_to_float32():
