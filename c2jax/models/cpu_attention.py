@@ -18,7 +18,6 @@ Letters: B batch, L positions, H query heads, G kv heads, P q/k head dim, O v he
 from __future__ import annotations
 
 import functools
-import math
 
 import jax
 import numpy as np
@@ -29,17 +28,11 @@ from c2jax.models import cpu_kernels
 
 def usable(q_BLHP, k_BLGP, v_BLGO) -> str | None:
     """Why the kernel cannot run these operands in the current trace (None when it can)."""
-    from c2jax.parallel.mesh import active_axis_sizes
-    from c2jax.platform import target_backend
-    if target_backend() != "cpu":
-        return f"target is {target_backend()}"
     if any(x.dtype != jnp.float32 for x in (q_BLHP, k_BLGP, v_BLGO)):
         return "operands are not float32"
     if q_BLHP.shape[-1] % 16 or v_BLGO.shape[-1] % 16:
         return "head dims must be multiples of 16"
-    if math.prod(active_axis_sizes().values()) > 1:
-        return "a multi-device mesh is active"
-    return cpu_kernels.unavailable()
+    return cpu_kernels.training_unavailable()
 
 
 def causal_attention(q_BLHP, k_BLGP, v_BLGO, positions_BL, segment_ids_BL, scale: float):

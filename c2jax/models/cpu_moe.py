@@ -18,7 +18,6 @@ Letters: T tokens, K experts per token, A = T K assignments, E experts, D width,
 from __future__ import annotations
 
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -29,17 +28,11 @@ from c2jax.models import cpu_kernels
 
 def usable(x_TD, w_gate_EDF) -> str | None:
     """Why the kernel cannot run these operands in the current trace (None when it can)."""
-    from c2jax.parallel.mesh import active_axis_sizes
-    from c2jax.platform import target_backend
-    if target_backend() != "cpu":
-        return f"target is {target_backend()}"
     if getattr(w_gate_EDF, "dtype", None) != jnp.float32 or x_TD.dtype != jnp.float32:
         return "activations or expert weights are not float32"
     if x_TD.shape[-1] % 64 or w_gate_EDF.shape[-1] % 64:
         return "width and expert width must be multiples of 64"
-    if math.prod(active_axis_sizes().values()) > 1:
-        return "a multi-device mesh is active"
-    return cpu_kernels.unavailable()
+    return cpu_kernels.training_unavailable()
 
 
 def expert_ffn(x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_down_EFD, cap: int):

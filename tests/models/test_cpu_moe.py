@@ -98,6 +98,8 @@ def test_refusals():
 
 
 def test_training_loss_and_grads_equal_with_cpu_kernels_off(monkeypatch):
+    """The tiny model (float32) trains through the attention and expert kernels; the same loss and
+    gradients with both off (XLA's causal blocks and block dispatch)."""
     from c2jax import config
     from c2jax.models import Transformer, init_params
     cfg = config.load_config_file("configs/tiny.py")
@@ -108,18 +110,19 @@ def test_training_loss_and_grads_equal_with_cpu_kernels_off(monkeypatch):
     B, L = 2, 48
     rng = np.random.default_rng(0)
     ids = jnp.asarray(rng.integers(0, m.vocab_size, (B, L)), jnp.int32)
-    pos = jnp.broadcast_to(jnp.arange(L, dtype=jnp.int32), (B, L))
-    seg = jnp.ones((B, L), jnp.int32)
+    pos = jnp.asarray(np.concatenate([np.arange(30), np.arange(18)]))[None].repeat(B, 0)   # two segments
+    seg = jnp.asarray(np.repeat([1, 2], [30, 18]))[None].repeat(B, 0)
 
     def loss(p):
         logits = model.apply({"params": p}, ids, pos, seg)[0]
         return jnp.mean(jax.nn.logsumexp(logits.astype(jnp.float32), -1))
 
     calls = []
-    real = cpu_moe.expert_ffn
-    monkeypatch.setattr(cpu_moe, "expert_ffn", lambda *a: calls.append(1) or real(*a))
+    for mod, name in ((cpu_moe, "expert_ffn"), (cpu_attention, "causal_attention")):
+        real = getattr(mod, name)
+        monkeypatch.setattr(mod, name, lambda *a, real=real, name=name: calls.append(name) or real(*a))
     l_ker, g_ker = jax.value_and_grad(loss)(params)
-    assert calls, "the training forward did not use the CPU expert kernel"
+    assert set(calls) == {"expert_ffn", "causal_attention"}, "the training forward did not use both kernels"
     monkeypatch.setattr(cpu_moe, "usable", lambda *a: "off for the reference")
     monkeypatch.setattr(cpu_attention, "usable", lambda *a: "off for the reference")
     l_xla, g_xla = jax.value_and_grad(loss)(params)
