@@ -4,11 +4,14 @@
 // contribute nothing.
 //
 // Layouts (row-major): x [T, D], ids / weights [T, K], w_gate / w_up [E, D, F], w_down [E, F, D].
-// Assignment a = t * K + k. Forward residuals per assignment (zero rows where dropped):
-// g, u [A, F] (gate and up pre-activations) and y [A, D] (the expert's output row).
+// Assignment a = t * K + k. The kept assignments, grouped by expert in token order, are the
+// "sorted rows" (at most A); forward residuals are kept in that order, written by the products
+// in place: gu [A, 2F] (gate | up pre-activations) and y [A, D] (the expert's output row);
+// rows past the kept count are left unwritten and never read.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <numeric>
 #include <vector>
 
@@ -43,8 +46,10 @@ ffi::Error CheckShape(ffi::Buffer<ffi::F32>& x, ffi::Buffer<ffi::S32>& ids, ffi:
   return ffi::Error::Success();
 }
 
-// Kept assignments of each expert in token order: rows[start[e] .. start[e + 1]).
-void Route(const Shape& s, const int32_t* ids, int64_t cap, std::vector<int64_t>* start, std::vector<int64_t>* rows) {
+// Kept assignments of each expert in token order: rows[start[e] .. start[e + 1]); sorted[a] is
+// assignment a's row there (-1 where dropped).
+void Route(const Shape& s, const int32_t* ids, int64_t cap, std::vector<int64_t>* start, std::vector<int64_t>* rows,
+           std::vector<int64_t>* sorted) {
   std::vector<int64_t> count(s.E, 0);
   start->assign(s.E + 1, 0);
   for (int64_t a = 0; a < s.A; ++a)
@@ -56,6 +61,8 @@ void Route(const Shape& s, const int32_t* ids, int64_t cap, std::vector<int64_t>
     const int32_t e = ids[a];
     if (e >= 0 && e < s.E && fill[e] < (*start)[e + 1]) (*rows)[fill[e]++] = a;
   }
+  sorted->assign(s.A, -1);
+  for (size_t r = 0; r < rows->size(); ++r) (*sorted)[(*rows)[r]] = static_cast<int64_t>(r);
 }
 
 // Experts largest first: the units of the parallel loops.
@@ -72,59 +79,45 @@ inline v16 Sigmoid(v16 g) { return 1.0f / (1.0f + Exp(-g)); }
 ffi::Error Forward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> ids,
                    ffi::Buffer<ffi::F32> weights, ffi::Buffer<ffi::F32> wg, ffi::Buffer<ffi::F32> wu,
                    ffi::Buffer<ffi::F32> wd, int64_t cap, ffi::ResultBuffer<ffi::F32> out,
-                   ffi::ResultBuffer<ffi::F32> g_res, ffi::ResultBuffer<ffi::F32> u_res,
-                   ffi::ResultBuffer<ffi::F32> y_res) {
+                   ffi::ResultBuffer<ffi::F32> gu_res, ffi::ResultBuffer<ffi::F32> y_res) {
   Shape s;
   if (auto e = CheckShape(x, ids, weights, wg, wu, wd, &s); e.failure()) return e;
   const int64_t D = s.D, F = s.F, K = s.K;
   const float *xp = x.typed_data(), *cw = weights.typed_data();
   const float *wgp = wg.typed_data(), *wup = wu.typed_data(), *wdp = wd.typed_data();
-  float *gp = g_res->typed_data(), *up = u_res->typed_data(), *yp = y_res->typed_data(), *op = out->typed_data();
-  std::vector<int64_t> start, rows;
-  Route(s, ids.typed_data(), cap, &start, &rows);
-  std::vector<uint8_t> kept(s.A, 0);
-  for (int64_t a : rows) kept[a] = 1;
-  for (int64_t a = 0; a < s.A; ++a)
-    if (!kept[a]) {
-      std::memset(gp + a * F, 0, sizeof(float) * F);
-      std::memset(up + a * F, 0, sizeof(float) * F);
-      std::memset(yp + a * D, 0, sizeof(float) * D);
-    }
+  float *gup = gu_res->typed_data(), *yp = y_res->typed_data(), *op = out->typed_data();
+  std::vector<int64_t> start, rows, sorted;
+  Route(s, ids.typed_data(), cap, &start, &rows, &sorted);
   const std::vector<int64_t> order = ByLoad(start);
   ParallelFor(pool, s.E, [&](int64_t u) {
     const int64_t e = order[u];
+    if (start[e + 1] == start[e]) return;
     std::vector<float> wgu(D * 2 * F), wdn(F * D);  // [w_gate | w_up] and w_down as packed panels
     PackPanels(wgp + e * D * F, F, D, F, wgu.data());
     PackPanels(wup + e * D * F, F, D, F, wgu.data() + D * F);
     PackPanels(wdp + e * F * D, D, F, D, wdn.data());
-    std::vector<float> xs(kChunk * D), gu(kChunk * 2 * F), h(kChunk * F), y(kChunk * D);
+    std::vector<float> xs(kChunk * D), h(kChunk * F);
     for (int64_t r0 = start[e]; r0 < start[e + 1]; r0 += kChunk) {
-      const int64_t n = std::min<int64_t>(kChunk, start[e + 1] - r0), M = Up(n, 4);
-      for (int64_t i = 0; i < M; ++i) {
-        if (i < n) std::memcpy(&xs[i * D], xp + (rows[r0 + i] / K) * D, sizeof(float) * D);
-        else std::memset(&xs[i * D], 0, sizeof(float) * D);
-      }
-      RowsTimesPacked(xs.data(), D, M, D, wgu.data(), 2 * F, gu.data(), 2 * F);
-      for (int64_t i = 0; i < M; ++i)
+      const int64_t n = std::min<int64_t>(kChunk, start[e + 1] - r0);
+      float *gu = gup + r0 * 2 * F, *y = yp + r0 * D;
+      for (int64_t i = 0; i < n; ++i) std::memcpy(&xs[i * D], xp + (rows[r0 + i] / K) * D, sizeof(float) * D);
+      RowsTimesPacked(xs.data(), D, n, D, wgu.data(), 2 * F, gu, 2 * F);
+      for (int64_t i = 0; i < n; ++i)
         for (int64_t j = 0; j < F; j += 16) {
           const v16 gv = Load(&gu[i * 2 * F + j]);
           Store(&h[i * F + j], gv * Sigmoid(gv) * Load(&gu[i * 2 * F + F + j]));
         }
-      RowsTimesPacked(h.data(), F, M, F, wdn.data(), D, y.data(), D);
-      for (int64_t i = 0; i < n; ++i) {
-        const int64_t a = rows[r0 + i];
-        std::memcpy(gp + a * F, &gu[i * 2 * F], sizeof(float) * F);
-        std::memcpy(up + a * F, &gu[i * 2 * F + F], sizeof(float) * F);
-        std::memcpy(yp + a * D, &y[i * D], sizeof(float) * D);
-      }
+      RowsTimesPacked(h.data(), F, n, F, wdn.data(), D, y, D);
     }
   });
-  ParallelFor(pool, s.T, [&](int64_t t) {  // out[t] = sum_k weights[t, k] y[t K + k]
+  ParallelFor(pool, s.T, [&](int64_t t) {  // out[t] = sum_k weights[t, k] y[row of t K + k]
     float* o = op + t * D;
-    for (int64_t j = 0; j < D; j += 16) {
-      v16 acc = {};
-      for (int64_t k = 0; k < K; ++k) acc += cw[t * K + k] * Load(yp + (t * K + k) * D + j);
-      Store(o + j, acc);
+    for (int64_t j = 0; j < D; j += 16) Store(o + j, v16{});
+    for (int64_t k = 0; k < K; ++k) {
+      const int64_t r = sorted[t * K + k];
+      if (r < 0) continue;
+      const float c = cw[t * K + k];
+      for (int64_t j = 0; j < D; j += 16) Store(o + j, Load(o + j) + c * Load(yp + r * D + j));
     }
   });
   return ffi::Error::Success();
@@ -140,24 +133,24 @@ void Transpose(const float* src, int64_t rows, int64_t cols, float* dst) {
 
 ffi::Error Backward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> ids,
                     ffi::Buffer<ffi::F32> weights, ffi::Buffer<ffi::F32> wg, ffi::Buffer<ffi::F32> wu,
-                    ffi::Buffer<ffi::F32> wd, ffi::Buffer<ffi::F32> g_res, ffi::Buffer<ffi::F32> u_res,
-                    ffi::Buffer<ffi::F32> y_res, ffi::Buffer<ffi::F32> dout, int64_t cap,
+                    ffi::Buffer<ffi::F32> wd, ffi::Buffer<ffi::F32> gu_res, ffi::Buffer<ffi::F32> y_res,
+                    ffi::Buffer<ffi::F32> dout, int64_t cap,
                     ffi::ResultBuffer<ffi::F32> dx, ffi::ResultBuffer<ffi::F32> dweights,
                     ffi::ResultBuffer<ffi::F32> dwg, ffi::ResultBuffer<ffi::F32> dwu, ffi::ResultBuffer<ffi::F32> dwd) {
   Shape s;
   if (auto e = CheckShape(x, ids, weights, wg, wu, wd, &s); e.failure()) return e;
   const int64_t D = s.D, F = s.F, K = s.K;
-  if (g_res.element_count() != static_cast<size_t>(s.A * F) || u_res.element_count() != g_res.element_count() ||
+  if (gu_res.element_count() != static_cast<size_t>(s.A * 2 * F) ||
       y_res.element_count() != static_cast<size_t>(s.A * D) || dout.element_count() != static_cast<size_t>(s.T * D))
-    return Fail("expert ffn backward: residuals g, u [A, F], y [A, D] and dout [T, D] expected");
+    return Fail("expert ffn backward: residuals gu [A, 2F], y [A, D] and dout [T, D] expected");
   const float *xp = x.typed_data(), *cw = weights.typed_data(), *dop = dout.typed_data();
   const float *wgp = wg.typed_data(), *wup = wu.typed_data(), *wdp = wd.typed_data();
-  const float *gp = g_res.typed_data(), *up = u_res.typed_data(), *yp = y_res.typed_data();
+  const float *gup = gu_res.typed_data(), *yp = y_res.typed_data();
   float *dxp = dx->typed_data(), *dcw = dweights->typed_data();
   float *dwgp = dwg->typed_data(), *dwup = dwu->typed_data(), *dwdp = dwd->typed_data();
-  std::vector<int64_t> start, rows;
-  Route(s, ids.typed_data(), cap, &start, &rows);
-  std::vector<float> dxa(s.A * D, 0.0f);  // dx per assignment (zero where dropped)
+  std::vector<int64_t> start, rows, sorted;
+  Route(s, ids.typed_data(), cap, &start, &rows, &sorted);
+  std::unique_ptr<float[]> dxs_all(new float[std::max<size_t>(rows.size(), 1) * D]);  // dx per sorted row
   const std::vector<int64_t> order = ByLoad(start);
   ParallelFor(pool, s.E, [&](int64_t u) {
     const int64_t e = order[u];
@@ -173,51 +166,45 @@ ffi::Error Backward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<f
     Transpose(wgp + e * D * F, D, F, t.data());
     Transpose(wup + e * D * F, D, F, t.data() + F * D);
     PackPanels(t.data(), D, 2 * F, D, wguT.data());
-    std::vector<float> xs(kChunk * D), dy(kChunk * D), dh(kChunk * F), dgu(kChunk * 2 * F), h(kChunk * F),
-        dxs(kChunk * D);
+    std::vector<float> xs(kChunk * D), dy(kChunk * D), dh(kChunk * F), dgu(kChunk * 2 * F), h(kChunk * F);
     for (int64_t r0 = start[e]; r0 < start[e + 1]; r0 += kChunk) {
-      const int64_t n = std::min<int64_t>(kChunk, start[e + 1] - r0), M = Up(n, 4);
-      for (int64_t i = 0; i < M; ++i) {
-        if (i < n) {
-          const int64_t a = rows[r0 + i], t = a / K;
-          std::memcpy(&xs[i * D], xp + t * D, sizeof(float) * D);
-          const float c = cw[a];
-          for (int64_t j = 0; j < D; j += 16) Store(&dy[i * D + j], c * Load(dop + t * D + j));
-        } else {
-          std::memset(&xs[i * D], 0, sizeof(float) * D);
-          std::memset(&dy[i * D], 0, sizeof(float) * D);
-        }
+      const int64_t n = std::min<int64_t>(kChunk, start[e + 1] - r0);
+      const float* gu = gup + r0 * 2 * F;
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t a = rows[r0 + i], t = a / K;
+        std::memcpy(&xs[i * D], xp + t * D, sizeof(float) * D);
+        const float c = cw[a];
+        for (int64_t j = 0; j < D; j += 16) Store(&dy[i * D + j], c * Load(dop + t * D + j));
       }
-      RowsTimesPacked(dy.data(), D, M, D, wdT.data(), F, dh.data(), F);  // dH = dY w_down^T
-      for (int64_t i = 0; i < M; ++i) {
-        const float* gr = i < n ? gp + rows[r0 + i] * F : nullptr;
-        const float* ur = i < n ? up + rows[r0 + i] * F : nullptr;
+      RowsTimesPacked(dy.data(), D, n, D, wdT.data(), F, dh.data(), F);  // dH = dY w_down^T
+      for (int64_t i = 0; i < n; ++i)
         for (int64_t j = 0; j < F; j += 16) {
-          const v16 g = gr ? Load(gr + j) : v16{}, uu = ur ? Load(ur + j) : v16{};
+          const v16 g = Load(gu + i * 2 * F + j), uu = Load(gu + i * 2 * F + F + j);
           const v16 sg = Sigmoid(g), silu = g * sg, d = Load(&dh[i * F + j]);
-          const v16 dgv = d * uu * (sg * (1.0f + g * (1.0f - sg))), duv = d * silu;
           Store(&h[i * F + j], silu * uu);
-          Store(&dgu[i * 2 * F + j], dgv);
-          Store(&dgu[i * 2 * F + F + j], duv);
+          Store(&dgu[i * 2 * F + j], d * uu * (sg * (1.0f + g * (1.0f - sg))));
+          Store(&dgu[i * 2 * F + F + j], d * silu);
         }
-      }
-      RowsTimesPacked(dgu.data(), 2 * F, M, 2 * F, wguT.data(), D, dxs.data(), D);  // dX
-      ColsTimesRowsPacked(xs.data(), D, M, D, dgu.data(), 2 * F, F, dwge, F, scratch);      // dW_gate += X^T dG
-      ColsTimesRowsPacked(xs.data(), D, M, D, dgu.data() + F, 2 * F, F, dwue, F, scratch);  // dW_up += X^T dU
-      ColsTimesRowsPacked(h.data(), F, M, F, dy.data(), D, D, dwde, D, scratch);            // dW_down += H^T dY
-      for (int64_t i = 0; i < n; ++i) std::memcpy(&dxa[rows[r0 + i] * D], &dxs[i * D], sizeof(float) * D);
+      RowsTimesPacked(dgu.data(), 2 * F, n, 2 * F, wguT.data(), D, dxs_all.get() + r0 * D, D);  // dX
+      ColsTimesRowsPacked(xs.data(), D, n, D, dgu.data(), 2 * F, F, dwge, F, scratch);      // dW_gate += X^T dG
+      ColsTimesRowsPacked(xs.data(), D, n, D, dgu.data() + F, 2 * F, F, dwue, F, scratch);  // dW_up += X^T dU
+      ColsTimesRowsPacked(h.data(), F, n, F, dy.data(), D, D, dwde, D, scratch);            // dW_down += H^T dY
     }
   });
   ParallelFor(pool, s.T, [&](int64_t t) {
     float* o = dxp + t * D;
-    for (int64_t j = 0; j < D; j += 16) {
-      v16 acc = {};
-      for (int64_t k = 0; k < K; ++k) acc += Load(&dxa[(t * K + k) * D + j]);
-      Store(o + j, acc);
-    }
-    for (int64_t k = 0; k < K; ++k) {  // d weights[t, k] = <y[a], dout[t]>
-      v16 acc = {};
-      for (int64_t j = 0; j < D; j += 16) acc += Load(yp + (t * K + k) * D + j) * Load(dop + t * D + j);
+    for (int64_t j = 0; j < D; j += 16) Store(o + j, v16{});
+    for (int64_t k = 0; k < K; ++k) {
+      const int64_t r = sorted[t * K + k];
+      if (r < 0) {
+        dcw[t * K + k] = 0.0f;
+        continue;
+      }
+      v16 acc = {};  // d weights[t, k] = <y, dout[t]>
+      for (int64_t j = 0; j < D; j += 16) {
+        Store(o + j, Load(o + j) + Load(dxs_all.get() + r * D + j));
+        acc += Load(yp + r * D + j) * Load(dop + t * D + j);
+      }
       dcw[t * K + k] = Sum(acc);
     }
   });
@@ -238,7 +225,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(C2jaxExpertFfnFwd, Forward,
                                   .Attr<int64_t>("cap")
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(C2jaxExpertFfnBwd, Backward,
@@ -246,7 +232,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(C2jaxExpertFfnBwd, Backward,
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()

@@ -7,7 +7,8 @@ them with dynamic slices and update-slices, and zero-fills and gathers [R, D] / 
 around its products; on the 89M bench shape that is ~40% of an MoE layer's time on top of
 the products. The kernel runs each expert's rows in chunks of 128 through register-blocked
 products with no padding beyond 4 rows, and keeps per-assignment residuals (gate and up
-pre-activations and the expert's output row) for a backward that produces dx, d weights and
+pre-activations and the expert's output row, in expert-sorted order, written by the products in
+place) for a backward that produces dx, d weights and
 the three expert weight gradients in one call.
 
 Used by capacity_dispatch when `usable()` says so: CPU target, float32 activations and expert
@@ -49,8 +50,8 @@ def _fwd_call(x, ids, weights, wg, wu, wd, cap):
     T, D = x.shape
     A, F = ids.size, wg.shape[-1]
     f32 = jnp.float32
-    shapes = (jax.ShapeDtypeStruct((T, D), f32), jax.ShapeDtypeStruct((A, F), f32),
-              jax.ShapeDtypeStruct((A, F), f32), jax.ShapeDtypeStruct((A, D), f32))
+    shapes = (jax.ShapeDtypeStruct((T, D), f32), jax.ShapeDtypeStruct((A, 2 * F), f32),
+              jax.ShapeDtypeStruct((A, D), f32))
     return jax.ffi.ffi_call(cpu_kernels.EXPERT_FWD, shapes, vmap_method="sequential")(
         x, ids, weights, wg, wu, wd, cap=np.int64(cap))
 
@@ -61,15 +62,15 @@ def _ffn(x, ids, weights, wg, wu, wd, cap):
 
 
 def _ffn_fwd(x, ids, weights, wg, wu, wd, cap):
-    out, g, u, y = _fwd_call(x, ids, weights, wg, wu, wd, cap)
-    return out, (x, ids, weights, wg, wu, wd, g, u, y)
+    out, gu, y = _fwd_call(x, ids, weights, wg, wu, wd, cap)
+    return out, (x, ids, weights, wg, wu, wd, gu, y)
 
 
 def _ffn_bwd(cap, res, dout):
-    x, ids, weights, wg, wu, wd, g, u, y = res
+    x, ids, weights, wg, wu, wd, gu, y = res
     shapes = tuple(jax.ShapeDtypeStruct(a.shape, jnp.float32) for a in (x, weights, wg, wu, wd))
     dx, dweights, dwg, dwu, dwd = jax.ffi.ffi_call(cpu_kernels.EXPERT_BWD, shapes, vmap_method="sequential")(
-        x, ids, weights, wg, wu, wd, g, u, y, dout.astype(jnp.float32), cap=np.int64(cap))
+        x, ids, weights, wg, wu, wd, gu, y, dout.astype(jnp.float32), cap=np.int64(cap))
     return dx, None, dweights, dwg, dwu, dwd
 
 

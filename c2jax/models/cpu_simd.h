@@ -176,15 +176,16 @@ inline void RowsPanelTile(const float* A, int64_t lda, int64_t r, int64_t K, con
     for (int j = 0; j < 4; ++j) Store(C + (r + i) * ldc + c + 16 * j, acc[i][j]);
 }
 
-// C[m, 0:N] = A[m, 0:K] @ B for m < M (M % 4 == 0), B packed by PackPanels (N % 64 == 0);
-// rows 6 at a time (24 accumulators) while 6 are left.
+// C[m, 0:N] = A[m, 0:K] @ B for m < M, B packed by PackPanels (N % 64 == 0); rows 6 at a time
+// (24 accumulators) while 6 are left, then 2, then 1.
 inline void RowsTimesPacked(const float* A, int64_t lda, int64_t M, int64_t K, const float* Bp, int64_t N,
                             float* C, int64_t ldc) {
   for (int64_t c = 0; c < N; c += 64) {
     const float* panel = Bp + c * K;
     int64_t r = 0;
     for (; r + 6 <= M; r += 6) RowsPanelTile<6>(A, lda, r, K, panel, C, ldc, c);
-    for (; r < M; r += 2) RowsPanelTile<2>(A, lda, r, K, panel, C, ldc, c);
+    for (; r + 2 <= M; r += 2) RowsPanelTile<2>(A, lda, r, K, panel, C, ldc, c);
+    if (r < M) RowsPanelTile<1>(A, lda, r, K, panel, C, ldc, c);
   }
 }
 
