@@ -30,28 +30,32 @@ constexpr int kQueryBlock = 32;  // positions per query block
 constexpr int kKeyPad = 64;      // score rows are padded to this many keys
 
 struct Dims {
-  int64_t B, L, H, G, R, P, O, Lp;
+  int64_t B, L, H, G, R, P, O, Lp, Pp, Op;   // Lp, Pp, Op: L, P, O rounded up to 64
 };
 
-// Per-row visibility of the keys [0, nk) of one query block; scores -> probabilities in place.
-// s: [M, Lp] scaled scores; rows are (position, head-in-group) pairs starting at position i0.
-// With lse given (backward) p = exp(s - lse); else softmax, lse written.
+// Keys [j, j + 16) that query (pi, si) sees: pos <= pi, same segment, index < nk.
+inline auto Visible(const int32_t* pos, const int32_t* seg, int64_t j, int32_t pi, int32_t si, int64_t nk) {
+  constexpr i16 kIota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  i16 pj, sj;
+  std::memcpy(&pj, pos + j, sizeof(pj));
+  std::memcpy(&sj, seg + j, sizeof(sj));
+  return (pj <= pi) & (sj == si) & (kIota + static_cast<int32_t>(j) < static_cast<int32_t>(nk));
+}
+
+// Scores -> probabilities in place for the rows of one query block over keys [0, nkp): s [M, ldS]
+// scaled scores, rows (position, head-in-group) pairs from position i0. With have_lse (the
+// backward) p = exp(s - lse); else the softmax, lse written.
 void Probabilities(float* s, int64_t ldS, int64_t i0, int64_t npos, int64_t R, int64_t nk, int64_t nkp,
                    const int32_t* pos, const int32_t* seg, float* lse_rows, bool have_lse) {
-  i16 iota;
-  for (int i = 0; i < 16; ++i) iota[i] = i;
   for (int64_t t = 0; t < npos; ++t) {
     const int32_t pi = pos[i0 + t], si = seg[i0 + t];
     for (int64_t r = 0; r < R; ++r) {
       float* row = s + (t * R + r) * ldS;
+      float l = have_lse ? lse_rows[t * R + r] : 0.0f;
       if (!have_lse) {
         v16 mx = Splat(-INFINITY);
         for (int64_t j = 0; j < nkp; j += 16) {
-          i16 pj, sj;
-          std::memcpy(&pj, pos + j, sizeof(pj));
-          std::memcpy(&sj, seg + j, sizeof(sj));
-          const v16 x = Load(row + j);
-          const v16 m = (pj <= pi) & (sj == si) & (iota + static_cast<int32_t>(j) < static_cast<int32_t>(nk)) ? x : Splat(-INFINITY);
+          const v16 m = Visible(pos, seg, j, pi, si, nk) ? Load(row + j) : Splat(-INFINITY);
           mx = mx > m ? mx : m;
         }
         float m = -INFINITY;
@@ -61,96 +65,73 @@ void Probabilities(float* s, int64_t ldS, int64_t i0, int64_t npos, int64_t R, i
           lse_rows[t * R + r] = 0.0f;
           continue;
         }
-        v16 sum = {};
-        for (int64_t j = 0; j < nkp; j += 16) {
-          i16 pj, sj;
-          std::memcpy(&pj, pos + j, sizeof(pj));
-          std::memcpy(&sj, seg + j, sizeof(sj));
-          const v16 e = Exp(Load(row + j) - m);
-          const v16 p = (pj <= pi) & (sj == si) & (iota + static_cast<int32_t>(j) < static_cast<int32_t>(nk)) ? e : v16{};
-          Store(row + j, p);
-          sum += p;
-        }
+        l = m;
+      }
+      v16 sum = {};
+      for (int64_t j = 0; j < nkp; j += 16) {
+        const v16 p = Visible(pos, seg, j, pi, si, nk) ? Exp(Load(row + j) - l) : v16{};
+        Store(row + j, p);
+        sum += p;
+      }
+      if (!have_lse) {
         const float tot = Sum(sum), inv = 1.0f / tot;
         for (int64_t j = 0; j < nkp; j += 16) Store(row + j, Load(row + j) * inv);
-        lse_rows[t * R + r] = m + std::log(tot);
-      } else {
-        const float l = lse_rows[t * R + r];
-        for (int64_t j = 0; j < nkp; j += 16) {
-          i16 pj, sj;
-          std::memcpy(&pj, pos + j, sizeof(pj));
-          std::memcpy(&sj, seg + j, sizeof(sj));
-          const v16 e = Exp(Load(row + j) - l);
-          Store(row + j, (pj <= pi) & (sj == si) & (iota + static_cast<int32_t>(j) < static_cast<int32_t>(nk)) ? e : v16{});
-        }
+        lse_rows[t * R + r] = l + std::log(tot);
       }
     }
   }
 }
 
-// Per (batch, kv head) scratch: keys padded to Lp (positions / segments past L never match).
+// Per (batch, kv head) scratch. Keys as packed panels (cpu_simd.h PackPanels): kt = K^T [P, Lp]
+// and vt = V^T [O, Lp] (scores, dP), kr = K [L, Pp] and vr = V [L, Op] (outputs, dq); positions
+// and segment ids padded to Lp never match a query.
 struct Scratch {
-  std::vector<float> kt, vt, qb, dob, s, dp, out, dk, dv, lse, dsum;
+  std::vector<float> kt, vt, kr, vr, qb, dob, s, dp, out, dk, dv, lse, dsum;
   std::vector<int32_t> pos, seg;
 };
 
 void LoadKeys(const Dims& d, int64_t b, int64_t g, const float* k, const float* v, const int32_t* pos,
-              const int32_t* seg, Scratch& w, bool need_vt) {
-  w.kt.assign(d.P * d.Lp, 0.0f);
-  for (int64_t j = 0; j < d.L; ++j) {
-    const float* kr = k + ((b * d.L + j) * d.G + g) * d.P;
-    for (int64_t p = 0; p < d.P; ++p) w.kt[p * d.Lp + j] = kr[p];
+              const int32_t* seg, Scratch& w, bool backward) {
+  const float *krows = k + (b * d.L * d.G + g) * d.P, *vrows = v + (b * d.L * d.G + g) * d.O;
+  w.kt.resize(d.P * d.Lp);
+  PackPanels(krows, d.G * d.P, d.P, d.L, d.Lp, w.kt.data(), true);
+  if (backward) {
+    w.vt.resize(d.O * d.Lp);
+    PackPanels(vrows, d.G * d.O, d.O, d.L, d.Lp, w.vt.data(), true);
+    w.kr.resize(d.L * d.Pp);
+    PackPanels(krows, d.G * d.P, d.L, d.P, d.Pp, w.kr.data());
+  } else {
+    w.vr.resize(d.L * d.Op);
+    PackPanels(vrows, d.G * d.O, d.L, d.O, d.Op, w.vr.data());
   }
-  if (need_vt) {
-    w.vt.assign(d.O * d.Lp, 0.0f);
-    for (int64_t j = 0; j < d.L; ++j) {
-      const float* vr = v + ((b * d.L + j) * d.G + g) * d.O;
-      for (int64_t o = 0; o < d.O; ++o) w.vt[o * d.Lp + j] = vr[o];
-    }
-  }
-  // keys as packed panels [Lp/64][P][64] (rows of kt are Lp floats apart: L1 set conflicts)
-  std::vector<float> packed(w.kt.size());
-  PackPanels(w.kt.data(), d.Lp, d.P, d.Lp, packed.data());
-  w.kt.swap(packed);
-  if (need_vt) {
-    packed.resize(w.vt.size());
-    PackPanels(w.vt.data(), d.Lp, d.O, d.Lp, packed.data());
-    w.vt.swap(packed);
-  }
-  w.pos.assign(d.Lp, INT32_MIN);
+  w.pos.assign(d.Lp, INT32_MAX);   // never <= a query's position
   w.seg.assign(d.Lp, INT32_MIN);
   std::memcpy(w.pos.data(), pos + b * d.L, sizeof(int32_t) * d.L);
   std::memcpy(w.seg.data(), seg + b * d.L, sizeof(int32_t) * d.L);
-  for (int64_t j = d.L; j < d.Lp; ++j) w.pos[j] = INT32_MAX;  // never <= a query's position
 }
 
-// Query rows of block [i0, i0 + npos) of head group g, times `scale`, into dst [Mp, P].
+// Rows of block [i0, i0 + npos) of head group g (W wide), times `scale`, into dst [M, ld] (zero
+// past W).
 void LoadRows(const Dims& d, int64_t b, int64_t g, int64_t i0, int64_t npos, const float* x, int64_t W,
-              float scale, float* dst, int64_t Mp) {
-  std::memset(dst, 0, sizeof(float) * Mp * W);
+              float scale, float* dst, int64_t ld) {
+  std::memset(dst, 0, sizeof(float) * npos * d.R * ld);
   for (int64_t t = 0; t < npos; ++t)
     for (int64_t r = 0; r < d.R; ++r) {
       const float* src = x + ((b * d.L + i0 + t) * d.H + g * d.R + r) * W;
-      float* o = dst + (t * d.R + r) * W;
+      float* o = dst + (t * d.R + r) * ld;
       for (int64_t c = 0; c < W; ++c) o[c] = src[c] * scale;
     }
 }
 
-void StoreRows(const Dims& d, int64_t b, int64_t g, int64_t i0, int64_t npos, const float* src, int64_t W,
-               float scale, float* x) {
+// The inverse: src [M, ld] (its first W columns) times `scale` into the rows of x.
+void StoreRows(const Dims& d, int64_t b, int64_t g, int64_t i0, int64_t npos, const float* src, int64_t ld,
+               int64_t W, float scale, float* x) {
   for (int64_t t = 0; t < npos; ++t)
     for (int64_t r = 0; r < d.R; ++r) {
       float* o = x + ((b * d.L + i0 + t) * d.H + g * d.R + r) * W;
-      const float* s = src + (t * d.R + r) * W;
+      const float* s = src + (t * d.R + r) * ld;
       for (int64_t c = 0; c < W; ++c) o[c] = s[c] * scale;
     }
-}
-
-// C[j, 0:W] += A[:, j]^T B[:, 0:W]: the packed form where W is a multiple of 64.
-void ColsTimesRows(const float* A, int64_t lda, int64_t M, int64_t n, const float* B, int64_t ldb, int64_t W,
-                   float* C, int64_t ldc, std::vector<float>& scratch) {
-  if (W % 64 == 0) ColsTimesRowsPacked(A, lda, M, n, B, ldb, W, C, ldc, scratch);
-  else ColsTimesRowsW(A, lda, M, n, B, ldb, W, C, ldc);
 }
 
 ffi::Error Fail(const char* msg) { return ffi::Error(ffi::ErrorCode::kInvalidArgument, msg); }
@@ -169,6 +150,8 @@ ffi::Error CheckDims(ffi::Buffer<ffi::F32>& q, ffi::Buffer<ffi::F32>& k, ffi::Bu
     return Fail("causal attention: positions and segment ids must be [B, L]");
   d->R = d->H / d->G;
   d->Lp = static_cast<int64_t>(Up(d->L, kKeyPad));
+  d->Pp = static_cast<int64_t>(Up(d->P, 64));
+  d->Op = static_cast<int64_t>(Up(d->O, 64));
   return ffi::Error::Success();
 }
 
@@ -180,23 +163,23 @@ ffi::Error Forward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ff
   const float *qp = q.typed_data(), *kp = k.typed_data(), *vp = v.typed_data();
   const int32_t *pp = pos.typed_data(), *sp = seg.typed_data();
   float *op = out->typed_data(), *lp = lse->typed_data();
-  const int64_t Mp = Up(kQueryBlock * d.R, 4);
+  const int64_t Mp = kQueryBlock * d.R;
   ParallelFor(pool, d.B * d.G, [&](int64_t u) {
     const int64_t b = u / d.G, g = u % d.G;
     Scratch w;
     LoadKeys(d, b, g, kp, vp, pp, sp, w, false);
     w.qb.resize(Mp * d.P);
     w.s.resize(Mp * d.Lp);
-    w.out.resize(Mp * d.O);
+    w.out.resize(Mp * d.Op);
     w.lse.resize(Mp);
     for (int64_t i0 = 0; i0 < d.L; i0 += kQueryBlock) {
-      const int64_t npos = std::min<int64_t>(kQueryBlock, d.L - i0), M = Up(npos * d.R, 4);
+      const int64_t npos = std::min<int64_t>(kQueryBlock, d.L - i0), M = npos * d.R;
       const int64_t nk = i0 + npos, nkp = Up(nk, kKeyPad);
-      LoadRows(d, b, g, i0, npos, qp, d.P, scale, w.qb.data(), M);
-      RowsTimesPacked(w.qb.data(), d.P, M, d.P, w.kt.data(), nkp, w.s.data(), d.Lp);
+      LoadRows(d, b, g, i0, npos, qp, d.P, scale, w.qb.data(), d.P);
+      RowsTimesPacked(w.qb.data(), d.P, M, d.P, w.kt.data(), d.P, nkp, w.s.data(), d.Lp);
       Probabilities(w.s.data(), d.Lp, i0, npos, d.R, nk, nkp, w.pos.data(), w.seg.data(), w.lse.data(), false);
-      RowsTimesRowsW(w.s.data(), d.Lp, M, nk, vp + (b * d.L * d.G + g) * d.O, d.G * d.O, d.O, w.out.data(), d.O);
-      StoreRows(d, b, g, i0, npos, w.out.data(), d.O, 1.0f, op);
+      RowsTimesPacked(w.s.data(), d.Lp, M, nk, w.vr.data(), d.L, d.Op, w.out.data(), d.Op);
+      StoreRows(d, b, g, i0, npos, w.out.data(), d.Op, d.O, 1.0f, op);
       for (int64_t t = 0; t < npos; ++t)
         for (int64_t r = 0; r < d.R; ++r) lp[(b * d.L + i0 + t) * d.H + g * d.R + r] = w.lse[t * d.R + r];
     }
@@ -217,27 +200,26 @@ ffi::Error Backward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<f
   const float *op = out.typed_data(), *lp = lse.typed_data(), *dop = dout.typed_data();
   const int32_t *pp = pos.typed_data(), *sp = seg.typed_data();
   float *dqp = dq->typed_data(), *dkp = dk->typed_data(), *dvp = dv->typed_data();
-  const int64_t Mp = Up(kQueryBlock * d.R, 4);
+  const int64_t Mp = kQueryBlock * d.R;
   ParallelFor(pool, d.B * d.G, [&](int64_t u) {
     const int64_t b = u / d.G, g = u % d.G;
     Scratch w;
     LoadKeys(d, b, g, kp, vp, pp, sp, w, true);
-    w.qb.resize(Mp * d.P);
-    w.dob.resize(Mp * d.O);
+    w.qb.resize(Mp * d.Pp);    // padded to Pp / Op columns: the B operands of the dK / dV products
+    w.dob.resize(Mp * d.Op);
     w.s.resize(Mp * d.Lp);
     w.dp.resize(Mp * d.Lp);
-    w.out.resize(Mp * d.P);
-    w.lse.assign(Mp, 0.0f);
-    w.dsum.assign(Mp, 0.0f);
-    w.dk.assign(d.Lp * d.P, 0.0f);
-    w.dv.assign(d.Lp * d.O, 0.0f);
-    const float* krows = kp + (b * d.L * d.G + g) * d.P;
+    w.out.resize(Mp * d.Pp);
+    w.lse.resize(Mp);
+    w.dsum.resize(Mp);
+    w.dk.assign(d.Lp * d.Pp, 0.0f);
+    w.dv.assign(d.Lp * d.Op, 0.0f);
     std::vector<float> scratch;
     for (int64_t i0 = 0; i0 < d.L; i0 += kQueryBlock) {
-      const int64_t npos = std::min<int64_t>(kQueryBlock, d.L - i0), M = Up(npos * d.R, 4);
+      const int64_t npos = std::min<int64_t>(kQueryBlock, d.L - i0), M = npos * d.R;
       const int64_t nk = i0 + npos, nkp = Up(nk, kKeyPad);
-      LoadRows(d, b, g, i0, npos, qp, d.P, scale, w.qb.data(), M);
-      LoadRows(d, b, g, i0, npos, dop, d.O, 1.0f, w.dob.data(), M);
+      LoadRows(d, b, g, i0, npos, qp, d.P, scale, w.qb.data(), d.Pp);
+      LoadRows(d, b, g, i0, npos, dop, d.O, 1.0f, w.dob.data(), d.Op);
       for (int64_t t = 0; t < npos; ++t)
         for (int64_t r = 0; r < d.R; ++r) {
           const int64_t row = (b * d.L + i0 + t) * d.H + g * d.R + r;
@@ -247,10 +229,9 @@ ffi::Error Backward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<f
           for (int64_t c = 0; c < d.O; ++c) s += o[c] * dor[c];
           w.dsum[t * d.R + r] = s;  // rowsum(dP * P) = rowsum(dO * O)
         }
-      RowsTimesPacked(w.qb.data(), d.P, M, d.P, w.kt.data(), nkp, w.s.data(), d.Lp);
+      RowsTimesPacked(w.qb.data(), d.Pp, M, d.P, w.kt.data(), d.P, nkp, w.s.data(), d.Lp);
       Probabilities(w.s.data(), d.Lp, i0, npos, d.R, nk, nkp, w.pos.data(), w.seg.data(), w.lse.data(), true);
-      for (int64_t m = npos * d.R; m < M; ++m) std::memset(&w.s[m * d.Lp], 0, sizeof(float) * nkp);
-      RowsTimesPacked(w.dob.data(), d.O, M, d.O, w.vt.data(), nkp, w.dp.data(), d.Lp);
+      RowsTimesPacked(w.dob.data(), d.Op, M, d.O, w.vt.data(), d.O, nkp, w.dp.data(), d.Lp);
       for (int64_t m = 0; m < M; ++m) {  // dS = P * (dP - rowsum(dO * O)), in w.dp
         float* dpr = &w.dp[m * d.Lp];
         const float* pr = &w.s[m * d.Lp];
@@ -258,14 +239,14 @@ ffi::Error Backward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<f
         for (int64_t j = 0; j < nkp; j += 16) Store(dpr + j, Load(pr + j) * (Load(dpr + j) - ds));
       }
       // dV += P^T dO; dK += dS^T (scale q); dq = scale dS K
-      ColsTimesRows(w.s.data(), d.Lp, M, Up(nk, 4), w.dob.data(), d.O, d.O, w.dv.data(), d.O, scratch);
-      ColsTimesRows(w.dp.data(), d.Lp, M, Up(nk, 4), w.qb.data(), d.P, d.P, w.dk.data(), d.P, scratch);
-      RowsTimesRowsW(w.dp.data(), d.Lp, M, nk, krows, d.G * d.P, d.P, w.out.data(), d.P);
-      StoreRows(d, b, g, i0, npos, w.out.data(), d.P, scale, dqp);
+      ColsTimesRowsPacked(w.s.data(), d.Lp, M, Up(nk, 2), w.dob.data(), d.Op, d.Op, w.dv.data(), d.Op, scratch);
+      ColsTimesRowsPacked(w.dp.data(), d.Lp, M, Up(nk, 2), w.qb.data(), d.Pp, d.Pp, w.dk.data(), d.Pp, scratch);
+      RowsTimesPacked(w.dp.data(), d.Lp, M, nk, w.kr.data(), d.L, d.Pp, w.out.data(), d.Pp);
+      StoreRows(d, b, g, i0, npos, w.out.data(), d.Pp, d.P, scale, dqp);
     }
     for (int64_t j = 0; j < d.L; ++j) {
-      std::memcpy(dkp + ((b * d.L + j) * d.G + g) * d.P, &w.dk[j * d.P], sizeof(float) * d.P);
-      std::memcpy(dvp + ((b * d.L + j) * d.G + g) * d.O, &w.dv[j * d.O], sizeof(float) * d.O);
+      std::memcpy(dkp + ((b * d.L + j) * d.G + g) * d.P, &w.dk[j * d.Pp], sizeof(float) * d.P);
+      std::memcpy(dvp + ((b * d.L + j) * d.G + g) * d.O, &w.dv[j * d.Op], sizeof(float) * d.O);
     }
   });
   return ffi::Error::Success();

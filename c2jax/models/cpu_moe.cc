@@ -93,21 +93,21 @@ ffi::Error Forward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ff
     const int64_t e = order[u];
     if (start[e + 1] == start[e]) return;
     std::vector<float> wgu(D * 2 * F), wdn(F * D);  // [w_gate | w_up] and w_down as packed panels
-    PackPanels(wgp + e * D * F, F, D, F, wgu.data());
-    PackPanels(wup + e * D * F, F, D, F, wgu.data() + D * F);
-    PackPanels(wdp + e * F * D, D, F, D, wdn.data());
+    PackPanels(wgp + e * D * F, F, D, F, F, wgu.data());
+    PackPanels(wup + e * D * F, F, D, F, F, wgu.data() + D * F);
+    PackPanels(wdp + e * F * D, D, F, D, D, wdn.data());
     std::vector<float> xs(kChunk * D), h(kChunk * F);
     for (int64_t r0 = start[e]; r0 < start[e + 1]; r0 += kChunk) {
       const int64_t n = std::min<int64_t>(kChunk, start[e + 1] - r0);
       float *gu = gup + r0 * 2 * F, *y = yp + r0 * D;
       for (int64_t i = 0; i < n; ++i) std::memcpy(&xs[i * D], xp + (rows[r0 + i] / K) * D, sizeof(float) * D);
-      RowsTimesPacked(xs.data(), D, n, D, wgu.data(), 2 * F, gu, 2 * F);
+      RowsTimesPacked(xs.data(), D, n, D, wgu.data(), D, 2 * F, gu, 2 * F);
       for (int64_t i = 0; i < n; ++i)
         for (int64_t j = 0; j < F; j += 16) {
           const v16 gv = Load(&gu[i * 2 * F + j]);
           Store(&h[i * F + j], gv * Sigmoid(gv) * Load(&gu[i * 2 * F + F + j]));
         }
-      RowsTimesPacked(h.data(), F, n, F, wdn.data(), D, y, D);
+      RowsTimesPacked(h.data(), F, n, F, wdn.data(), F, D, y, D);
     }
   });
   ParallelFor(pool, s.T, [&](int64_t t) {  // out[t] = sum_k weights[t, k] y[row of t K + k]
@@ -121,14 +121,6 @@ ffi::Error Forward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ff
     }
   });
   return ffi::Error::Success();
-}
-
-// dst [cols, rows] = src [rows, cols]^T in 16 x 16 tiles (rows, cols multiples of 16)
-void Transpose(const float* src, int64_t rows, int64_t cols, float* dst) {
-  for (int64_t i0 = 0; i0 < rows; i0 += 16)
-    for (int64_t j0 = 0; j0 < cols; j0 += 16)
-      for (int64_t j = j0; j < j0 + 16; ++j)
-        for (int64_t i = i0; i < i0 + 16; ++i) dst[j * rows + i] = src[i * cols + j];
 }
 
 ffi::Error Backward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> ids,
@@ -159,13 +151,11 @@ ffi::Error Backward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<f
     std::memset(dwue, 0, sizeof(float) * D * F);
     std::memset(dwde, 0, sizeof(float) * F * D);
     if (start[e + 1] == start[e]) return;
-    // w_down^T [D, F] and [w_gate^T; w_up^T] [2F, D] as packed panels
-    std::vector<float> t(2 * F * D), wdT(D * F), wguT(2 * F * D), scratch;
-    Transpose(wdp + e * F * D, F, D, t.data());
-    PackPanels(t.data(), F, D, F, wdT.data());
-    Transpose(wgp + e * D * F, D, F, t.data());
-    Transpose(wup + e * D * F, D, F, t.data() + F * D);
-    PackPanels(t.data(), D, 2 * F, D, wguT.data());
+    // w_down^T [D, F], w_gate^T and w_up^T [F, D] as packed panels
+    std::vector<float> wdT(D * F), wgT(F * D), wuT(F * D), scratch;
+    PackPanels(wdp + e * F * D, D, D, F, F, wdT.data(), true);
+    PackPanels(wgp + e * D * F, F, F, D, D, wgT.data(), true);
+    PackPanels(wup + e * D * F, F, F, D, D, wuT.data(), true);
     std::vector<float> xs(kChunk * D), dy(kChunk * D), dh(kChunk * F), dgu(kChunk * 2 * F), h(kChunk * F);
     for (int64_t r0 = start[e]; r0 < start[e + 1]; r0 += kChunk) {
       const int64_t n = std::min<int64_t>(kChunk, start[e + 1] - r0);
@@ -176,7 +166,7 @@ ffi::Error Backward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<f
         const float c = cw[a];
         for (int64_t j = 0; j < D; j += 16) Store(&dy[i * D + j], c * Load(dop + t * D + j));
       }
-      RowsTimesPacked(dy.data(), D, n, D, wdT.data(), F, dh.data(), F);  // dH = dY w_down^T
+      RowsTimesPacked(dy.data(), D, n, D, wdT.data(), D, F, dh.data(), F);  // dH = dY w_down^T
       for (int64_t i = 0; i < n; ++i)
         for (int64_t j = 0; j < F; j += 16) {
           const v16 g = Load(gu + i * 2 * F + j), uu = Load(gu + i * 2 * F + F + j);
@@ -185,7 +175,9 @@ ffi::Error Backward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<f
           Store(&dgu[i * 2 * F + j], d * uu * (sg * (1.0f + g * (1.0f - sg))));
           Store(&dgu[i * 2 * F + F + j], d * silu);
         }
-      RowsTimesPacked(dgu.data(), 2 * F, n, 2 * F, wguT.data(), D, dxs_all.get() + r0 * D, D);  // dX
+      float* dx_rows = dxs_all.get() + r0 * D;  // dX = dG w_gate^T + dU w_up^T
+      RowsTimesPacked(dgu.data(), 2 * F, n, F, wgT.data(), F, D, dx_rows, D);
+      RowsTimesPacked(dgu.data() + F, 2 * F, n, F, wuT.data(), F, D, dx_rows, D, true);
       ColsTimesRowsPacked(xs.data(), D, n, D, dgu.data(), 2 * F, F, dwge, F, scratch);      // dW_gate += X^T dG
       ColsTimesRowsPacked(xs.data(), D, n, D, dgu.data() + F, 2 * F, F, dwue, F, scratch);  // dW_up += X^T dU
       ColsTimesRowsPacked(h.data(), F, n, F, dy.data(), D, D, dwde, D, scratch);            // dW_down += H^T dY

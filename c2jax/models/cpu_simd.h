@@ -60,96 +60,22 @@ inline v16 Exp(v16 x) {
   return p * scale;
 }
 
-// C[m, 0:N] = A[m, 0:K] @ Bt[0:K, 0:N] for m < M; N a multiple of 64, M of 4.
-inline void RowsTimesPanel(const float* A, int64_t lda, int64_t M, int64_t K, const float* Bt, int64_t ldb, int64_t N,
-                    float* C, int64_t ldc) {
-  for (int64_t r = 0; r < M; r += 4)
-    for (int64_t c = 0; c < N; c += 64) {
-      v16 acc[4][4] = {};
-      for (int64_t kk = 0; kk < K; ++kk) {
-        const float* b = Bt + kk * ldb + c;
-        const v16 b0 = Load(b), b1 = Load(b + 16), b2 = Load(b + 32), b3 = Load(b + 48);
-        for (int i = 0; i < 4; ++i) {
-          const float a = A[(r + i) * lda + kk];
-          acc[i][0] += a * b0;
-          acc[i][1] += a * b1;
-          acc[i][2] += a * b2;
-          acc[i][3] += a * b3;
-        }
-      }
-      for (int i = 0; i < 4; ++i)
-        for (int j = 0; j < 4; ++j) Store(C + (r + i) * ldc + c + 16 * j, acc[i][j]);
+// Packed panels of X [K, N]: [Np/64][K][64] (Np a multiple of 64, columns N..Np zero), so a
+// product streams each 64-column panel contiguously (rows of a [512, 512] matrix lie 2 KB apart
+// and fall into a few L1 sets). X[k][n] = src[k ld + n], or src[n ld + k] when transposed.
+inline void PackPanels(const float* src, int64_t ld, int64_t K, int64_t N, int64_t Np, float* dst,
+                       bool transposed = false) {
+  for (int64_t c = 0; c < Np; c += 64) {
+    float* panel = dst + c * K;
+    const int64_t w = std::clamp<int64_t>(N - c, 0, 64);
+    if (w < 64) std::memset(panel, 0, sizeof(float) * K * 64);
+    if (transposed) {
+      for (int64_t i = 0; i < w; ++i)
+        for (int64_t kk = 0; kk < K; ++kk) panel[kk * 64 + i] = src[(c + i) * ld + kk];
+    } else {
+      for (int64_t kk = 0; kk < K; ++kk) std::memcpy(panel + kk * 64, src + kk * ld + c, sizeof(float) * w);
     }
-}
-
-// C[m, 0:W] = A[m, 0:n] @ rows B(j)[0:W] (row j at B + j * ldb) for m < M; W = 16 * NV, M % 4 == 0.
-template <int NV>
-inline void RowsTimesRows(const float* A, int64_t lda, int64_t M, int64_t n, const float* B, int64_t ldb, float* C,
-                   int64_t ldc) {
-  for (int64_t r = 0; r < M; r += 4) {
-    v16 acc[4][NV] = {};
-    for (int64_t j = 0; j < n; ++j) {
-      v16 b[NV];
-      for (int v = 0; v < NV; ++v) b[v] = Load(B + j * ldb + 16 * v);
-      for (int i = 0; i < 4; ++i) {
-        const float a = A[(r + i) * lda + j];
-        for (int v = 0; v < NV; ++v) acc[i][v] += a * b[v];
-      }
-    }
-    for (int i = 0; i < 4; ++i)
-      for (int v = 0; v < NV; ++v) Store(C + (r + i) * ldc + 16 * v, acc[i][v]);
   }
-}
-
-// C[j, 0:W] += sum_i A[i, j] * B[i, 0:W] for j < n (n % 4 == 0), i < M; W = 16 * NV.
-template <int NV>
-inline void ColsTimesRows(const float* A, int64_t lda, int64_t M, int64_t n, const float* B, int64_t ldb, float* C,
-                   int64_t ldc) {
-  for (int64_t j = 0; j < n; j += 4) {
-    v16 acc[4][NV];
-    for (int i = 0; i < 4; ++i)
-      for (int v = 0; v < NV; ++v) acc[i][v] = Load(C + (j + i) * ldc + 16 * v);
-    for (int64_t r = 0; r < M; ++r) {
-      v16 b[NV];
-      for (int v = 0; v < NV; ++v) b[v] = Load(B + r * ldb + 16 * v);
-      for (int i = 0; i < 4; ++i) {
-        const float a = A[r * lda + j + i];
-        for (int v = 0; v < NV; ++v) acc[i][v] += a * b[v];
-      }
-    }
-    for (int i = 0; i < 4; ++i)
-      for (int v = 0; v < NV; ++v) Store(C + (j + i) * ldc + 16 * v, acc[i][v]);
-  }
-}
-
-// The width-W products above over a width that is any multiple of 16 (chunks of 64).
-inline void RowsTimesRowsW(const float* A, int64_t lda, int64_t M, int64_t n, const float* B, int64_t ldb, int64_t W,
-                    float* C, int64_t ldc) {
-  for (int64_t c = 0; c < W; c += 64) {
-    const int nv = static_cast<int>(std::min<int64_t>(64, W - c) / 16);
-    if (nv == 4) RowsTimesRows<4>(A, lda, M, n, B + c, ldb, C + c, ldc);
-    else if (nv == 3) RowsTimesRows<3>(A, lda, M, n, B + c, ldb, C + c, ldc);
-    else if (nv == 2) RowsTimesRows<2>(A, lda, M, n, B + c, ldb, C + c, ldc);
-    else RowsTimesRows<1>(A, lda, M, n, B + c, ldb, C + c, ldc);
-  }
-}
-
-inline void ColsTimesRowsW(const float* A, int64_t lda, int64_t M, int64_t n, const float* B, int64_t ldb, int64_t W,
-                    float* C, int64_t ldc) {
-  for (int64_t c = 0; c < W; c += 64) {
-    const int nv = static_cast<int>(std::min<int64_t>(64, W - c) / 16);
-    if (nv == 4) ColsTimesRows<4>(A, lda, M, n, B + c, ldb, C + c, ldc);
-    else if (nv == 3) ColsTimesRows<3>(A, lda, M, n, B + c, ldb, C + c, ldc);
-    else if (nv == 2) ColsTimesRows<2>(A, lda, M, n, B + c, ldb, C + c, ldc);
-    else ColsTimesRows<1>(A, lda, M, n, B + c, ldb, C + c, ldc);
-  }
-}
-
-// Packed panels: [K, N] (row stride ldb) -> [N/64][K][64], so a product streams each 64-column
-// panel contiguously (rows of a [K, N] matrix 2 KB apart fall into the same few L1 sets).
-inline void PackPanels(const float* B, int64_t ldb, int64_t K, int64_t N, float* dst) {
-  for (int64_t c = 0; c < N; c += 64)
-    for (int64_t kk = 0; kk < K; ++kk) std::memcpy(dst + (c * K) + kk * 64, B + kk * ldb + c, 64 * sizeof(float));
 }
 
 // Rows [r, r + RB) of C[:, c:c + 64] = (or +=) A @ panel (K rows of 64).
@@ -176,20 +102,20 @@ inline void RowsPanelTile(const float* A, int64_t lda, int64_t r, int64_t K, con
     for (int j = 0; j < 4; ++j) Store(C + (r + i) * ldc + c + 16 * j, acc[i][j]);
 }
 
-// C[m, 0:N] = A[m, 0:K] @ B for m < M, B packed by PackPanels (N % 64 == 0); rows 6 at a time
-// (24 accumulators) while 6 are left, then 2, then 1.
-inline void RowsTimesPacked(const float* A, int64_t lda, int64_t M, int64_t K, const float* Bp, int64_t N,
-                            float* C, int64_t ldc) {
+// C[m, 0:N] = (or +=) A[m, 0:K] @ X[0:K, 0:N] for m < M, X packed by PackPanels with Kp >= K rows
+// (N % 64 == 0); rows 6 at a time (24 accumulators) while 6 are left, then 2, then 1.
+inline void RowsTimesPacked(const float* A, int64_t lda, int64_t M, int64_t K, const float* Xp, int64_t Kp,
+                            int64_t N, float* C, int64_t ldc, bool accumulate = false) {
   for (int64_t c = 0; c < N; c += 64) {
-    const float* panel = Bp + c * K;
+    const float* panel = Xp + c * Kp;
     int64_t r = 0;
-    for (; r + 6 <= M; r += 6) RowsPanelTile<6>(A, lda, r, K, panel, C, ldc, c);
-    for (; r + 2 <= M; r += 2) RowsPanelTile<2>(A, lda, r, K, panel, C, ldc, c);
-    if (r < M) RowsPanelTile<1>(A, lda, r, K, panel, C, ldc, c);
+    for (; r + 6 <= M; r += 6) RowsPanelTile<6>(A, lda, r, K, panel, C, ldc, c, accumulate);
+    for (; r + 2 <= M; r += 2) RowsPanelTile<2>(A, lda, r, K, panel, C, ldc, c, accumulate);
+    if (r < M) RowsPanelTile<1>(A, lda, r, K, panel, C, ldc, c, accumulate);
   }
 }
 
-// C[j, 0:W] += sum_{i < M} A[i, j] B[i, 0:W] for j < n (n % 4 == 0, W % 64 == 0): A^T B through
+// C[j, 0:W] += sum_{i < M} A[i, j] B[i, 0:W] for j < n (n even, W % 64 == 0): A^T B through
 // scratch copies of A^T [n, M] and of B as panels [W/64][M][64] (both then read contiguously);
 // C rows 6 at a time while 6 are left.
 inline void ColsTimesRowsPacked(const float* A, int64_t lda, int64_t M, int64_t n, const float* B, int64_t ldb,
@@ -199,7 +125,7 @@ inline void ColsTimesRowsPacked(const float* A, int64_t lda, int64_t M, int64_t 
   for (int64_t i0 = 0; i0 < M; i0 += 16)
     for (int64_t j = 0; j < n; ++j)
       for (int64_t i = i0; i < std::min<int64_t>(i0 + 16, M); ++i) at[j * M + i] = A[i * lda + j];
-  PackPanels(B, ldb, M, W, bp);
+  PackPanels(B, ldb, M, W, W, bp);
   for (int64_t c = 0; c < W; c += 64) {
     const float* panel = bp + c * M;
     int64_t j = 0;
