@@ -43,6 +43,10 @@ HEADERS = (Path(__file__).with_name("cpu_simd.h"),)
 ATTENTION_FWD, ATTENTION_BWD = "c2jax_causal_attention_fwd", "c2jax_causal_attention_bwd"
 EXPERT_FWD, EXPERT_BWD = "c2jax_expert_ffn_fwd", "c2jax_expert_ffn_bwd"
 TOKEN_NLL_FWD, TOKEN_NLL_BWD = "c2jax_token_nll_fwd", "c2jax_token_nll_bwd"
+_HANDLERS = {TARGET: "C2jaxMoeFfn", MATMUL: "C2jaxPackedMatmul",        # FFI target -> exported symbol
+             ATTENTION_FWD: "C2jaxCausalAttentionFwd", ATTENTION_BWD: "C2jaxCausalAttentionBwd",
+             EXPERT_FWD: "C2jaxExpertFfnFwd", EXPERT_BWD: "C2jaxExpertFfnBwd",
+             TOKEN_NLL_FWD: "C2jaxTokenNllFwd", TOKEN_NLL_BWD: "C2jaxTokenNllBwd"}
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno")
 
 
@@ -88,14 +92,8 @@ def _build_and_load() -> tuple[ctypes.CDLL | None, str | None]:
         os.replace(tmp, lib)  # atomic: processes building at once each leave a whole library
     try:
         dll = ctypes.cdll.LoadLibrary(str(lib))
-        jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(dll.C2jaxMoeFfn), platform="cpu")
-        jax.ffi.register_ffi_target(MATMUL, jax.ffi.pycapsule(dll.C2jaxPackedMatmul), platform="cpu")
-        jax.ffi.register_ffi_target(ATTENTION_FWD, jax.ffi.pycapsule(dll.C2jaxCausalAttentionFwd), platform="cpu")
-        jax.ffi.register_ffi_target(ATTENTION_BWD, jax.ffi.pycapsule(dll.C2jaxCausalAttentionBwd), platform="cpu")
-        jax.ffi.register_ffi_target(EXPERT_FWD, jax.ffi.pycapsule(dll.C2jaxExpertFfnFwd), platform="cpu")
-        jax.ffi.register_ffi_target(EXPERT_BWD, jax.ffi.pycapsule(dll.C2jaxExpertFfnBwd), platform="cpu")
-        jax.ffi.register_ffi_target(TOKEN_NLL_FWD, jax.ffi.pycapsule(dll.C2jaxTokenNllFwd), platform="cpu")
-        jax.ffi.register_ffi_target(TOKEN_NLL_BWD, jax.ffi.pycapsule(dll.C2jaxTokenNllBwd), platform="cpu")
+        for target, symbol in _HANDLERS.items():
+            jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(dll, symbol)), platform="cpu")
     except (OSError, AttributeError) as e:
         return None, f"cannot load {lib}: {e}"
     return dll, None

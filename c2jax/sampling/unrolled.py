@@ -6,8 +6,8 @@ stack slices each layer out of stacked [Y, ...] params, so every decode step cop
 weights (all experts of every layer, ~3x the bytes a step must read), and the capacity /
 gather dispatches copied the chosen experts again. Here nothing is sliced: each matmul reads
 its weight in place, and the MoE runs only the experts some row chose (moe.split_dispatch).
-The KV cache travels through the decode loop as per-layer arrays (split_cache / stack_cache,
-once per chunk), so each step updates it in place instead of re-stacking it.
+The KV cache is kept per layer (split_cache; the Sampler holds it so between chunks), so each
+step updates it in place instead of re-stacking it; stack_layers is the inverse.
 
 Same math as c2jax.models.forward_with_cache: each layer is the model's own Block applied to that
 layer's params, its MoE dispatching over the stored per-expert buffers (moe.split_dispatch);
@@ -210,13 +210,8 @@ def split_cache(cache) -> list:
     return out
 
 
-def stack_cache(m, layers: list) -> dict:
-    """Inverse of split_cache."""
-    return stack_layers(tfm.layer_counts(m)[0], layers)
-
-
 def stack_layers(n_dense: int, layers: list) -> dict:
-    """stack_cache given the number of dense layers (the first n_dense of the list)."""
+    """Inverse of split_cache: per-layer caches (the first n_dense dense) -> the stacked dict."""
     out = {}
     for key, part in (("dense", layers[:n_dense]), ("moe", layers[n_dense:])):
         if part:

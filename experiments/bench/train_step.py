@@ -20,6 +20,8 @@ so the best-step ratio is the one to quote when the two differ. MFU = flops_per_
 capacity padding or recomputation count against MFU).
 
 XLA CPU flags, if any, are set here only (before jax is imported), never in the library.
+The CPU training kernels (attention, experts, NLL: c2jax.models.cpu_kernels) run when they can;
+`C2JAX_CPU_KERNELS=0 ... train_step.py` measures the same step through XLA's paths.
 """
 from __future__ import annotations
 
@@ -176,6 +178,10 @@ def main(argv=None) -> int:
         rows.append((f"HF peer ({peer_runs[0]['framework']}, {peer_runs[0]['threads']} threads)",
                      peer_tps, peer_step, peer_best, fpt * peer_tps / peak))
     load = os.getloadavg()[0]
+    from c2jax.models import cpu_kernels
+    with activate(cfg, mesh):
+        why = cpu_kernels.training_unavailable()
+    kernels_note = "on (C2JAX_CPU_KERNELS=0 runs XLA's paths instead)" if why is None else f"off ({why})"
     cmd = "JAX_PLATFORMS=cpu .venv/bin/python experiments/bench/train_step.py " + " ".join(
         a if " " not in a else repr(a) for a in (argv if argv is not None else sys.argv[1:]))
     lines = [
@@ -199,7 +205,8 @@ def main(argv=None) -> int:
         f"- peer step s: {', '.join(f'{x:.2f}' for p in peer_runs for x in p['step_s']) or peer_note}",
         f"- loss c2jax first/last {losses[0]:.4f} / {losses[-1]:.4f}"
         + (f"; peer {peer_runs[0]['loss_first']:.4f} / {peer_runs[-1]['loss_last']:.4f}" if peer_runs else ""),
-        f"- devices: {jax.device_count()} (mesh {dict(mesh.shape)})",
+        f"- devices: {jax.device_count()} (mesh {dict(mesh.shape)}); CPU training kernels "
+        f"(c2jax.models.cpu_kernels): {kernels_note}",
         f"- XLA_FLAGS: `{os.environ.get('XLA_FLAGS', '')}`; extra overrides: {args.set or 'none'}; "
         f"load average (1m) at end {load:.1f} on {os.cpu_count()} CPUs (shared machine: compare ratios)",
     ]

@@ -14,6 +14,7 @@ import c2jax
 from small_models import small_model_cfg
 from c2jax.models import attention as attn_lib
 from c2jax.models import cpu_kernels
+from c2jax.models.transformer import layer_counts
 from c2jax.sampling import Request, Sampler, select_tokens, unrolled
 
 B, P, S = 3, 5, 16  # rows, prompt length, cache slots
@@ -56,7 +57,7 @@ def test_decode_step_matches_model_cached_step(attention, tie, vocab):
         np.testing.assert_allclose(got.logits, want.logits, atol=1e-5, rtol=1e-5)
         np.testing.assert_array_equal(got.aux["expert_ids"], want.aux["expert_ids"])
         cache, layers = want.cache, got.cache
-        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), unrolled.stack_cache(m, layers), cache)
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), unrolled.stack_layers(layer_counts(m)[0], layers), cache)
 
 
 def test_split_params_are_separate_buffers_in_compute_dtype():
