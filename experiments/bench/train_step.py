@@ -9,6 +9,8 @@ peer's shape (experiments/reference/bench_common.py; the parameter counts are ch
 Step: c2jax.train.step.make_train_step with c2jax.train.optimizer.make_optimizer (AdamW b1 0.9,
 b2 0.95, wd 0.1, global-norm clip 1.0), float32, batch 8 x 512 random tokens, next-token loss.
 Peer: experiments/reference/hf_train_step.py in .venv-ref (torch CPU, AdamW, same betas/wd, no clip).
+Both sides run with glibc malloc keeping freed memory (c2jax.hostmem; the peer through
+GLIBC_TUNABLES): without it each step of either faults in ~2 GB of fresh pages.
 
 Interleaving: the machine is shared, so timings drift; the c2jax timed steps are split into
 rounds run before and after each peer subprocess (ours, peer, ours, peer, ..., ours), and the
@@ -66,6 +68,9 @@ def parse_args(argv=None):
     ap.add_argument("--peer-warmup", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2, help="peer torch threads")
     ap.add_argument("--no-peer", action="store_true")
+    ap.add_argument("--peer-malloc", choices=("retain", "default"), default="retain",
+                    help="the peer's glibc malloc: 'retain' gives it c2jax's setting (c2jax.hostmem) through "
+                         "GLIBC_TUNABLES, 'default' leaves glibc's")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="extra config overrides (e.g. model.capacity_factor=1.25)")
     ap.add_argument("--xla-flags", default="", help="appended to XLA_FLAGS before jax is imported")
@@ -79,8 +84,12 @@ def run_peer(args):
         return None, "peer not available (.venv-ref missing)"
     cmd = [REF_PY, HF_STEP, "--batch", str(args.batch), "--seq", str(args.seq), "--steps", str(args.peer_steps),
            "--warmup", str(args.peer_warmup), "--threads", str(args.threads)]
+    env = dict(os.environ)
+    if args.peer_malloc == "retain":
+        from c2jax.hostmem import glibc_tunables
+        env["GLIBC_TUNABLES"] = glibc_tunables()
     t = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True)
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if p.returncode != 0:
         return None, f"peer failed (rc {p.returncode}): {p.stderr.strip()[-500:]}"
     line = [ln for ln in p.stdout.splitlines() if ln.startswith("{")][-1]
@@ -94,6 +103,7 @@ def main(argv=None) -> int:
     if args.xla_flags:
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + args.xla_flags).strip()
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    import c2jax  # first: sets up host malloc (c2jax.hostmem) before XLA's threads start
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -207,6 +217,9 @@ def main(argv=None) -> int:
         + (f"; peer {peer_runs[0]['loss_first']:.4f} / {peer_runs[-1]['loss_last']:.4f}" if peer_runs else ""),
         f"- devices: {jax.device_count()} (mesh {dict(mesh.shape)}); CPU training kernels "
         f"(c2jax.models.cpu_kernels): {kernels_note}",
+        f"- host malloc: c2jax {c2jax.hostmem.state} (C2JAX_HOST_MALLOC=default leaves glibc's); "
+        f"peer {'the same, through GLIBC_TUNABLES' if args.peer_malloc == 'retain' else 'glibc defaults'} "
+        f"(--peer-malloc)",
         f"- XLA_FLAGS: `{os.environ.get('XLA_FLAGS', '')}`; extra overrides: {args.set or 'none'}; "
         f"load average (1m) at end {load:.1f} on {os.cpu_count()} CPUs (shared machine: compare ratios)",
     ]
