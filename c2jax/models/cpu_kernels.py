@@ -1,8 +1,9 @@
 """CPU kernels as XLA FFI calls. Decode (cpu_kernels.cc): kernels that stream each weight once for
 up to 8 rows: the MoE layer (every chosen expert read once), the output head and the other Linear
-layers. Training (cpu_attention.cc / cpu_moe.cc / cpu_loss.cc, wrapped by cpu_attention.py /
-cpu_moe.py / c2jax.train.head_loss): causal attention, the routed experts and the per-token NLL,
-forward and backward. All build into one library.
+layers. Training (cpu_attention.cc / cpu_moe.cc / cpu_loss.cc / cpu_adamw.cc, wrapped by
+cpu_attention.py / cpu_moe.py / c2jax.train.head_loss / c2jax.train.cpu_adamw): causal attention,
+the routed experts and the per-token NLL, forward and backward, and the AdamW step. All build
+into one library.
 
 Why: XLA CPU runs a product of 2-8 rows at 5-9 GB/s on one core against 11-14 GB/s for a
 one-row product, so split_dispatch runs few-row windows row by row, and an expert picked by r
@@ -38,15 +39,16 @@ TARGET = "c2jax_moe_ffn"
 MATMUL = "c2jax_packed_matmul"
 # one library; the header is listed so that its edits change the cache key
 SOURCES = tuple(Path(__file__).with_name(n) for n in ("cpu_kernels.cc", "cpu_attention.cc", "cpu_moe.cc",
-                                                      "cpu_loss.cc"))
+                                                      "cpu_loss.cc", "cpu_adamw.cc"))
 HEADERS = (Path(__file__).with_name("cpu_simd.h"),)
 ATTENTION_FWD, ATTENTION_BWD = "c2jax_causal_attention_fwd", "c2jax_causal_attention_bwd"
 EXPERT_FWD, EXPERT_BWD = "c2jax_expert_ffn_fwd", "c2jax_expert_ffn_bwd"
 TOKEN_NLL_FWD, TOKEN_NLL_BWD = "c2jax_token_nll_fwd", "c2jax_token_nll_bwd"
+ADAMW = "c2jax_adamw"
 _HANDLERS = {TARGET: "C2jaxMoeFfn", MATMUL: "C2jaxPackedMatmul",        # FFI target -> exported symbol
              ATTENTION_FWD: "C2jaxCausalAttentionFwd", ATTENTION_BWD: "C2jaxCausalAttentionBwd",
              EXPERT_FWD: "C2jaxExpertFfnFwd", EXPERT_BWD: "C2jaxExpertFfnBwd",
-             TOKEN_NLL_FWD: "C2jaxTokenNllFwd", TOKEN_NLL_BWD: "C2jaxTokenNllBwd"}
+             TOKEN_NLL_FWD: "C2jaxTokenNllFwd", TOKEN_NLL_BWD: "C2jaxTokenNllBwd", ADAMW: "C2jaxAdamW"}
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno")
 
 

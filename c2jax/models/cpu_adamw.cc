@@ -1,0 +1,93 @@
+// One AdamW step of a parameter leaf in place, as an XLA FFI call (see c2jax/train/cpu_adamw.py):
+// optax's chain clip_by_global_norm -> scale_by_adam -> add_decayed_weights ->
+// scale_by_learning_rate -> apply_updates in a single pass over p, g, m, v.
+//
+// coef (float32 [7], computed in JAX): apply (0: leave p, m, v as they are), clip (1: g is scaled
+// by max_norm / g_norm), g_norm, max_norm, 1 - b1^t, 1 - b2^t, step (-learning rate).
+// p, m and v are aliased to the outputs, so "leave" means return at once.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "xla/ffi/api/ffi.h"
+#include "cpu_simd.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+using namespace c2jax_simd;  // NOLINT
+
+constexpr int64_t kUnit = 1 << 15;  // elements per parallel work unit (a multiple of 16)
+
+struct Coef {
+  float b1, omb1, b2, omb2, eps, wd, g_norm, max_norm, bc1, bc2, step;
+  bool clip;
+};
+
+// The same operations in the same order as optax (see the module note), on 16 lanes or one.
+template <typename T>
+inline void Step(const Coef& c, T& p, T g, T& m, T& v, T (*sqrt_fn)(T)) {
+  if (c.clip) g = (g / c.g_norm) * c.max_norm;
+  m = c.omb1 * g + c.b1 * m;
+  v = c.omb2 * (g * g) + c.b2 * v;
+  T u = (m / c.bc1) / (sqrt_fn(v / c.bc2) + c.eps);
+  u = u + c.wd * p;
+  p = p + c.step * u;
+}
+
+inline v16 SqrtV(v16 x) {
+  for (int i = 0; i < 16; ++i) x[i] = std::sqrt(x[i]);
+  return x;
+}
+inline float SqrtS(float x) { return std::sqrt(x); }
+
+ffi::Error AdamW(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> p, ffi::Buffer<ffi::F32> g, ffi::Buffer<ffi::F32> m,
+                 ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::F32> coef, double b1, double b2, double eps, double wd,
+                 ffi::ResultBuffer<ffi::F32> p_out, ffi::ResultBuffer<ffi::F32> m_out,
+                 ffi::ResultBuffer<ffi::F32> v_out) {
+  const size_t n = p.element_count();
+  if (g.element_count() != n || m.element_count() != n || v.element_count() != n || coef.element_count() != 7)
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                      "adamw wants p, g, m, v of one size and coef [7] (apply, clip, g_norm, max_norm, bc1, bc2, step)");
+  const float* k = coef.typed_data();
+  if (k[0] == 0.0f) return ffi::Error::Success();
+  // constants rounded from double as XLA rounds optax's Python floats
+  const Coef c{static_cast<float>(b1), static_cast<float>(1.0 - b1), static_cast<float>(b2),
+               static_cast<float>(1.0 - b2), static_cast<float>(eps), static_cast<float>(wd), k[2], k[3], k[4], k[5],
+               k[6], k[1] != 0.0f};
+  float *pp = p_out->typed_data(), *mp = m_out->typed_data(), *vp = v_out->typed_data();
+  const float* gp = g.typed_data();
+  if (pp != p.typed_data() || mp != m.typed_data() || vp != v.typed_data())  // not aliased: copy first
+    for (size_t i = 0; i < n; ++i) pp[i] = p.typed_data()[i], mp[i] = m.typed_data()[i], vp[i] = v.typed_data()[i];
+  const int64_t units = static_cast<int64_t>((n + kUnit - 1) / kUnit);
+  ParallelFor(pool, units, [&](int64_t u) {
+    const size_t lo = u * kUnit, hi = std::min(n, lo + kUnit);
+    size_t i = lo;
+    for (; i + 16 <= hi; i += 16) {
+      v16 pv = Load(pp + i), mv = Load(mp + i), vv = Load(vp + i);
+      Step<v16>(c, pv, Load(gp + i), mv, vv, SqrtV);
+      Store(pp + i, pv), Store(mp + i, mv), Store(vp + i, vv);
+    }
+    for (; i < hi; ++i) Step<float>(c, pp[i], gp[i], mp[i], vp[i], SqrtS);
+  });
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(C2jaxAdamW, AdamW,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Attr<double>("b1")
+                                  .Attr<double>("b2")
+                                  .Attr<double>("eps")
+                                  .Attr<double>("wd")
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());

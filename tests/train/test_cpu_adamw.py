@@ -1,0 +1,106 @@
+"""The fused CPU AdamW step (c2jax.train.cpu_adamw) against optax's make_optimizer, leaf by leaf."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from ml_collections import ConfigDict
+
+from c2jax.models import cpu_kernels
+from c2jax.train import cpu_adamw
+from c2jax.train.optimizer import make_optimizer
+from c2jax.train.step import apply_if_finite
+
+pytestmark = pytest.mark.skipif(cpu_kernels.unavailable() is not None, reason="CPU kernels unavailable")
+
+
+def _train_cfg(**kw):
+    t = dict(grad_clip=1.0, lr=3e-3, b1=0.9, b2=0.95, adam_eps=1e-8, weight_decay=0.1, warmup_steps=2, steps=10,
+             min_lr_ratio=0.1)
+    t.update(kw)
+    return ConfigDict(t)
+
+
+def _params(rng):
+    """Every kind of leaf: decayed matrices (one not a multiple of 16 long), undecayed embedding /
+    norm scale, and the frozen router bias."""
+    f = lambda *s: jnp.asarray(rng.normal(size=s), jnp.float32)  # noqa: E731
+    return {"embed": f(37, 8), "final_norm": {"scale": f(8)},
+            "layers": {"attn": {"kernel": f(3, 8, 24)}, "moe": {"w_up": f(3, 4, 8, 16), "router": f(3, 8, 4),
+                                                                "router_bias": f(3, 4)}}}
+
+
+def _grads(rng, params, scale):
+    return jax.tree.map(lambda p: jnp.asarray(rng.normal(size=p.shape) * scale, jnp.float32), params)
+
+
+def _close(a, b):
+    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=2e-6, atol=1e-7), a, b)
+
+
+@pytest.mark.parametrize("clip,scale", [(1.0, 0.01), (1.0, 1.0), (0.0, 1.0)])  # clip off, not hit, hit
+def test_steps_match_optax(clip, scale):
+    rng = np.random.default_rng(0)
+    t = _train_cfg(grad_clip=clip)
+    opt = make_optimizer(t)
+    params = _params(rng)
+    ref_p, ref_s = params, opt.init(params)
+    p, s = params, opt.init(params)
+    assert cpu_adamw.usable(p, s) is None
+    fused = jax.jit(lambda p, s, g: cpu_adamw.apply(t, p, s, g, jnp.bool_(True)))
+    for _ in range(4):  # through warmup into the cosine decay, moments far from zero
+        g = _grads(rng, params, scale)
+        upd, ref_s = opt.update(g, ref_s, ref_p)
+        ref_p = optax.apply_updates(ref_p, upd)
+        p, s = fused(p, s, g)
+        _close(p, ref_p)
+        _close(s, ref_s)
+    assert jax.tree.structure(s) == jax.tree.structure(ref_s)
+    np.testing.assert_array_equal(p["layers"]["moe"]["router_bias"], params["layers"]["moe"]["router_bias"])
+    assert not np.allclose(p["embed"], params["embed"])
+
+
+def test_nonfinite_step_leaves_params_and_state_unchanged():
+    rng = np.random.default_rng(1)
+    t = _train_cfg()
+    opt = make_optimizer(t)
+    params = _params(rng)
+    state = opt.init(params)
+    g = _grads(rng, params, 1.0)
+    p1, s1 = jax.jit(lambda p, s, g: cpu_adamw.apply(t, p, s, g, jnp.bool_(True)))(params, state, g)
+    g_bad = {**g, "embed": g["embed"].at[3, 1].set(jnp.nan)}
+    step = jax.jit(lambda p, s, g: apply_if_finite(opt, p, s, g, jnp.float32(1.0), train_cfg=t))
+    p2, s2, finite, _ = step(p1, s1, g_bad)
+    assert not bool(finite)
+    jax.tree.map(np.testing.assert_array_equal, (p2, s2), (p1, s1))
+    p3, s3, finite, _ = step(p2, s2, g)  # and the next good step matches optax from there
+    upd, ref_s = opt.update(g, s1, p1)
+    _close(p3, optax.apply_updates(p1, upd))
+    _close(s3, ref_s)
+
+
+def test_apply_if_finite_gates_after_on_the_fused_path():
+    rng = np.random.default_rng(2)
+    t = _train_cfg()
+    opt = make_optimizer(t)
+    params = _params(rng)
+    state = opt.init(params)
+    g = _grads(rng, params, 1.0)
+
+    def after(p):
+        moe = {**p["layers"]["moe"], "router_bias": p["layers"]["moe"]["router_bias"] + 1.0}
+        return {**p, "layers": {**p["layers"], "moe": moe}}
+    for loss, moved in ((1.0, True), (np.nan, False)):
+        fused = jax.jit(lambda p, s, g: apply_if_finite(opt, p, s, g, jnp.float32(loss), after, train_cfg=t))(
+            params, state, g)
+        ref = jax.jit(lambda p, s, g: apply_if_finite(opt, p, s, g, jnp.float32(loss), after))(params, state, g)
+        _close(fused[:2], ref[:2])
+        bias = fused[0]["layers"]["moe"]["router_bias"]
+        np.testing.assert_array_equal(bias, params["layers"]["moe"]["router_bias"] + (1.0 if moved else 0.0))
+
+
+def test_refuses_other_optimizers_and_dtypes():
+    params = {"w": jnp.ones((4,), jnp.float32)}
+    assert "AdamW" in cpu_adamw.usable(params, optax.sgd(0.1).init(params))
+    p16 = {"w": jnp.ones((4,), jnp.bfloat16)}
+    assert "float32" in cpu_adamw.usable(p16, make_optimizer(_train_cfg()).init(p16))
