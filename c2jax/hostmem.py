@@ -21,7 +21,9 @@ import os
 import sys
 
 _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_MAX, _M_ARENA_MAX = -1, -2, -4, -8
-_SETTINGS = ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, 2 ** 31 - 1), (_M_TOP_PAD, 64 << 20))
+# trim threshold -1: SIZE_MAX to glibc, never trim. A trimmed heap went back to this VM's host and
+# cost 9 s of refaults when the next step touched it again (2 GB at ~25 us a page)
+_SETTINGS = ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, -1), (_M_TOP_PAD, 64 << 20))
 _TUNABLE_NAMES = {_M_ARENA_MAX: "arena_max", _M_MMAP_MAX: "mmap_max", _M_TRIM_THRESHOLD: "trim_threshold",
                   _M_TOP_PAD: "top_pad"}
 _ACCELERATOR_NODES = ("/dev/accel*", "/dev/vfio/[0-9]*", "/dev/nvidia[0-9]*", "/dev/kfd")
@@ -66,4 +68,4 @@ def retain_freed_memory() -> str:
 def glibc_tunables() -> str:
     """The same settings as a GLIBC_TUNABLES value, for a child process that is not c2jax (the
     benchmarks give their PyTorch peers the same allocator)."""
-    return ":".join(f"glibc.malloc.{_TUNABLE_NAMES[k]}={v}" for k, v in _SETTINGS)
+    return ":".join(f"glibc.malloc.{_TUNABLE_NAMES[k]}={v if v >= 0 else 2 ** 64 - 1}" for k, v in _SETTINGS)

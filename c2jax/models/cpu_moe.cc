@@ -92,22 +92,24 @@ ffi::Error Forward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ff
   ParallelFor(pool, s.E, [&](int64_t u) {
     const int64_t e = order[u];
     if (start[e + 1] == start[e]) return;
-    std::vector<float> wgu(D * 2 * F), wdn(F * D);  // [w_gate | w_up] and w_down as packed panels
-    PackPanels(wgp + e * D * F, F, D, F, F, wgu.data());
-    PackPanels(wup + e * D * F, F, D, F, F, wgu.data() + D * F);
-    PackPanels(wdp + e * F * D, D, F, D, D, wdn.data());
+    // [w_gate | w_up] and w_down as packed panels; uninitialized: the packs write all of it
+    std::unique_ptr<float[]> packed(new float[3 * D * F]);
+    float *wgu = packed.get(), *wdn = wgu + 2 * D * F;
+    PackPanels(wgp + e * D * F, F, D, F, F, wgu);
+    PackPanels(wup + e * D * F, F, D, F, F, wgu + D * F);
+    PackPanels(wdp + e * F * D, D, F, D, D, wdn);
     std::vector<float> xs(kChunk * D), h(kChunk * F);
     for (int64_t r0 = start[e]; r0 < start[e + 1]; r0 += kChunk) {
       const int64_t n = std::min<int64_t>(kChunk, start[e + 1] - r0);
       float *gu = gup + r0 * 2 * F, *y = yp + r0 * D;
       for (int64_t i = 0; i < n; ++i) std::memcpy(&xs[i * D], xp + (rows[r0 + i] / K) * D, sizeof(float) * D);
-      RowsTimesPacked(xs.data(), D, n, D, wgu.data(), D, 2 * F, gu, 2 * F);
+      RowsTimesPacked(xs.data(), D, n, D, wgu, D, 2 * F, gu, 2 * F);
       for (int64_t i = 0; i < n; ++i)
         for (int64_t j = 0; j < F; j += 16) {
           const v16 gv = Load(&gu[i * 2 * F + j]);
           Store(&h[i * F + j], gv * Sigmoid(gv) * Load(&gu[i * 2 * F + F + j]));
         }
-      RowsTimesPacked(h.data(), F, n, F, wdn.data(), F, D, y, D);
+      RowsTimesPacked(h.data(), F, n, F, wdn, F, D, y, D);
     }
   });
   ParallelFor(pool, s.T, [&](int64_t t) {  // out[t] = sum_k weights[t, k] y[row of t K + k]
@@ -152,11 +154,13 @@ ffi::Error Backward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<f
     std::memset(dwde, 0, sizeof(float) * F * D);
     if (start[e + 1] == start[e]) return;
     // w_down^T [D, F], w_gate^T and w_up^T [F, D] as packed panels
-    std::vector<float> wdT(D * F), wgT(F * D), wuT(F * D), scratch;
-    PackPanels(wdp + e * F * D, D, D, F, F, wdT.data(), true);
-    PackPanels(wgp + e * D * F, F, F, D, D, wgT.data(), true);
-    PackPanels(wup + e * D * F, F, F, D, D, wuT.data(), true);
-    std::vector<float> xs(kChunk * D), dy(kChunk * D), dh(kChunk * F), dgu(kChunk * 2 * F), h(kChunk * F);
+    std::unique_ptr<float[]> wT(new float[3 * D * F]);  // uninitialized: the packs write all of it
+    float *wdT = wT.get(), *wgT = wdT + D * F, *wuT = wgT + F * D;
+    PackPanels(wdp + e * F * D, D, D, F, F, wdT, true);
+    PackPanels(wgp + e * D * F, F, F, D, D, wgT, true);
+    PackPanels(wup + e * D * F, F, F, D, D, wuT, true);
+    std::vector<float> xs(kChunk * D), dy(kChunk * D), dh(kChunk * F), dgu(kChunk * 2 * F), h(kChunk * F), scratch;
+    std::vector<float> xT(D * kChunk), bp(F * kChunk);  // X^T, shared by dW_gate and dW_up; dG or dU as panels
     for (int64_t r0 = start[e]; r0 < start[e + 1]; r0 += kChunk) {
       const int64_t n = std::min<int64_t>(kChunk, start[e + 1] - r0);
       const float* gu = gup + r0 * 2 * F;
@@ -166,7 +170,7 @@ ffi::Error Backward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<f
         const float c = cw[a];
         for (int64_t j = 0; j < D; j += 16) Store(&dy[i * D + j], c * Load(dop + t * D + j));
       }
-      RowsTimesPacked(dy.data(), D, n, D, wdT.data(), D, F, dh.data(), F);  // dH = dY w_down^T
+      RowsTimesPacked(dy.data(), D, n, D, wdT, D, F, dh.data(), F);  // dH = dY w_down^T
       for (int64_t i = 0; i < n; ++i)
         for (int64_t j = 0; j < F; j += 16) {
           const v16 g = Load(gu + i * 2 * F + j), uu = Load(gu + i * 2 * F + F + j);
@@ -176,11 +180,12 @@ ffi::Error Backward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<f
           Store(&dgu[i * 2 * F + F + j], d * silu);
         }
       float* dx_rows = dxs_all.get() + r0 * D;  // dX = dG w_gate^T + dU w_up^T
-      RowsTimesPacked(dgu.data(), 2 * F, n, F, wgT.data(), F, D, dx_rows, D);
-      RowsTimesPacked(dgu.data() + F, 2 * F, n, F, wuT.data(), F, D, dx_rows, D, true);
-      ColsTimesRowsPacked(xs.data(), D, n, D, dgu.data(), 2 * F, F, dwge, F, scratch);      // dW_gate += X^T dG
-      ColsTimesRowsPacked(xs.data(), D, n, D, dgu.data() + F, 2 * F, F, dwue, F, scratch);  // dW_up += X^T dU
-      ColsTimesRowsPacked(h.data(), F, n, F, dy.data(), D, D, dwde, D, scratch);            // dW_down += H^T dY
+      RowsTimesPacked(dgu.data(), 2 * F, n, F, wgT, F, D, dx_rows, D);
+      RowsTimesPacked(dgu.data() + F, 2 * F, n, F, wuT, F, D, dx_rows, D, true);
+      Transpose(xs.data(), D, n, D, xT.data(), n);
+      TransposedTimesRowsPacked(xT.data(), n, D, dgu.data(), 2 * F, F, dwge, F, bp.data());      // dW_gate += X^T dG
+      TransposedTimesRowsPacked(xT.data(), n, D, dgu.data() + F, 2 * F, F, dwue, F, bp.data());  // dW_up += X^T dU
+      ColsTimesRowsPacked(h.data(), F, n, F, dy.data(), D, D, dwde, D, scratch);                 // dW_down += H^T dY
     }
   });
   ParallelFor(pool, s.T, [&](int64_t t) {

@@ -1,7 +1,7 @@
 // Shared pieces of the CPU FFI kernels (cpu_attention.cc, cpu_moe.cc): GCC vector types, a
-// vectorized exp, the three register-blocked product shapes they are written in, and a
-// parallel-for on XLA's intra-op thread pool. Plain GCC vector extensions: AVX-512 under
-// -march=native where the host has it, narrower vectors elsewhere.
+// vectorized exp, an in-register transpose, the three register-blocked product shapes they are
+// written in, and a parallel-for on XLA's intra-op thread pool. Plain GCC vector extensions:
+// AVX-512 under -march=native where the host has it, narrower vectors elsewhere.
 #pragma once
 
 #include <algorithm>
@@ -60,6 +60,41 @@ inline v16 Exp(v16 x) {
   return p * scale;
 }
 
+// One round of the in-register 16x16 transpose: swaps the off-diagonal h x h blocks of each
+// 2h x 2h block of rows r[0..16) (rounds h = 8, 4, 2, 1 transpose them).
+template <int h>
+inline void SwapBlocks(v16* r) {
+  i16 lo, hi;  // constants after unrolling: one two-source permute each
+  for (int j = 0; j < 16; ++j) {
+    lo[j] = j & h ? 16 + j - h : j;
+    hi[j] = j & h ? 16 + j : j + h;
+  }
+  for (int i = 0; i < 16; ++i)
+    if (!(i & h)) {
+      const v16 a = r[i], b = r[i + h];
+      r[i] = __builtin_shuffle(a, b, lo);
+      r[i + h] = __builtin_shuffle(a, b, hi);
+    }
+}
+
+// dst[j ldd + i] = src[i lds + j] for i < rows, j < cols: 16x16 tiles through registers, each
+// source line read once (a 16-row strip at a time), scalar at the edges.
+inline void Transpose(const float* src, int64_t lds, int64_t rows, int64_t cols, float* dst, int64_t ldd) {
+  const int64_t rows16 = rows / 16 * 16, cols16 = cols / 16 * 16;
+  for (int64_t i0 = 0; i0 < rows16; i0 += 16)
+    for (int64_t j0 = 0; j0 < cols16; j0 += 16) {
+      v16 r[16];
+      for (int i = 0; i < 16; ++i) r[i] = Load(src + (i0 + i) * lds + j0);
+      SwapBlocks<8>(r);
+      SwapBlocks<4>(r);
+      SwapBlocks<2>(r);
+      SwapBlocks<1>(r);
+      for (int j = 0; j < 16; ++j) Store(dst + (j0 + j) * ldd + i0, r[j]);
+    }
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = i < rows16 ? cols16 : 0; j < cols; ++j) dst[j * ldd + i] = src[i * lds + j];
+}
+
 // Packed panels of X [K, N]: [Np/64][K][64] (Np a multiple of 64, columns N..Np zero), so a
 // product streams each 64-column panel contiguously (rows of a [512, 512] matrix lie 2 KB apart
 // and fall into a few L1 sets). X[k][n] = src[k ld + n], or src[n ld + k] when transposed.
@@ -70,8 +105,7 @@ inline void PackPanels(const float* src, int64_t ld, int64_t K, int64_t N, int64
     const int64_t w = std::clamp<int64_t>(N - c, 0, 64);
     if (w < 64) std::memset(panel, 0, sizeof(float) * K * 64);
     if (transposed) {
-      for (int64_t i = 0; i < w; ++i)
-        for (int64_t kk = 0; kk < K; ++kk) panel[kk * 64 + i] = src[(c + i) * ld + kk];
+      Transpose(src + c * ld, ld, w, K, panel, 64);
     } else {
       for (int64_t kk = 0; kk < K; ++kk) std::memcpy(panel + kk * 64, src + kk * ld + c, sizeof(float) * w);
     }
@@ -115,16 +149,11 @@ inline void RowsTimesPacked(const float* A, int64_t lda, int64_t M, int64_t K, c
   }
 }
 
-// C[j, 0:W] += sum_{i < M} A[i, j] B[i, 0:W] for j < n (n even, W % 64 == 0): A^T B through
-// scratch copies of A^T [n, M] and of B as panels [W/64][M][64] (both then read contiguously);
-// C rows 6 at a time while 6 are left.
-inline void ColsTimesRowsPacked(const float* A, int64_t lda, int64_t M, int64_t n, const float* B, int64_t ldb,
-                                int64_t W, float* C, int64_t ldc, std::vector<float>& scratch) {
-  scratch.resize(n * M + W * M);
-  float *at = scratch.data(), *bp = at + n * M;
-  for (int64_t i0 = 0; i0 < M; i0 += 16)
-    for (int64_t j = 0; j < n; ++j)
-      for (int64_t i = i0; i < std::min<int64_t>(i0 + 16, M); ++i) at[j * M + i] = A[i * lda + j];
+// C[j, 0:W] += sum_{i < M} At[j, i] B[i, 0:W] for j < n (n even, W % 64 == 0), At = A^T given
+// as [n, M]; B goes through bp (W M floats) as panels [W/64][M][64] so both are read
+// contiguously; C rows 6 at a time while 6 are left.
+inline void TransposedTimesRowsPacked(const float* at, int64_t M, int64_t n, const float* B, int64_t ldb,
+                                      int64_t W, float* C, int64_t ldc, float* bp) {
   PackPanels(B, ldb, M, W, W, bp);
   for (int64_t c = 0; c < W; c += 64) {
     const float* panel = bp + c * M;
@@ -132,6 +161,14 @@ inline void ColsTimesRowsPacked(const float* A, int64_t lda, int64_t M, int64_t 
     for (; j + 6 <= n; j += 6) RowsPanelTile<6>(at, M, j, M, panel, C, ldc, c, true);
     for (; j < n; j += 2) RowsPanelTile<2>(at, M, j, M, panel, C, ldc, c, true);
   }
+}
+
+// The same with A [M, n] given (row stride lda), transposed into scratch first.
+inline void ColsTimesRowsPacked(const float* A, int64_t lda, int64_t M, int64_t n, const float* B, int64_t ldb,
+                                int64_t W, float* C, int64_t ldc, std::vector<float>& scratch) {
+  scratch.resize(n * M + W * M);
+  Transpose(A, lda, M, n, scratch.data(), M);
+  TransposedTimesRowsPacked(scratch.data(), M, n, B, ldb, W, C, ldc, scratch.data() + n * M);
 }
 
 // Runs work(u) for u < n on this thread and XLA's intra-op pool; returns when all are done.
