@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from c2jax.models import cpu_kernels
+from c2jax.platform import target_backend
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -42,12 +43,36 @@ class Linear(nn.Module):
             kernel = self.param(
                 "kernel", nn.with_logical_partitioning(nn.initializers.normal(self.init_std), self.axes),
                 (x.shape[-1], self.features), self.param_dtype)
-            y = jnp.einsum("...d,df->...f", x.astype(self.dtype), kernel.astype(self.dtype))
+            x_, k_ = x.astype(self.dtype), kernel.astype(self.dtype)
+            y = cpu_product(x_, k_) if target_backend() == "cpu" else jnp.einsum("...d,df->...f", x_, k_)
         if self.use_bias:
             bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, self.axes[1:]),
                               (self.features,), self.param_dtype)
             y = y + bias.astype(self.dtype)
         return y
+
+
+@jax.custom_vjp
+def cpu_product(x, kernel):
+    """x @ kernel (any leading dims on x) with a written-out backward for XLA CPU: autodiff's
+    weight gradient made XLA copy the output gradient transposed ([N, T], ~8 MB a projection on
+    the 89M bench) before each product; contracting both operands over their rows needs no copy
+    (~50 ms of a 2.4 s step)."""
+    return jnp.einsum("...d,df->...f", x, kernel)
+
+
+def _cpu_product_fwd(x, kernel):
+    return cpu_product(x, kernel), (x, kernel)
+
+
+def _cpu_product_bwd(res, dy):
+    x, kernel = res
+    dx = jnp.einsum("...f,df->...d", dy, kernel)
+    dw = jnp.einsum("td,tf->df", x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1]))
+    return dx, dw
+
+
+cpu_product.defvjp(_cpu_product_fwd, _cpu_product_bwd)
 
 
 def quantized_matmul(x_LK, w):

@@ -1,4 +1,4 @@
-"""apply_rope and rms_norm (written-out backwards) against autodiff of their plain formulas."""
+"""apply_rope, rms_norm and cpu_product (written-out backwards) against autodiff of their plain formulas."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -47,3 +47,17 @@ def test_rms_norm_values_and_gradients_match_plain(dtype):
     for a, b in zip(grads(rms_norm), grads(_rms_norm_plain)):
         assert a.dtype == b.dtype
         np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=tol, atol=tol * 10)
+
+
+def test_cpu_product_values_and_gradients_match_einsum():
+    from c2jax.models.layers import cpu_product
+    rng = np.random.default_rng(4)
+    x = jnp.asarray(rng.standard_normal((3, 5, 16)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((16, 24)), jnp.float32)
+    cot = jnp.asarray(rng.standard_normal((3, 5, 24)), jnp.float32)
+    plain = lambda x, w: jnp.einsum("...d,df->...f", x, w)  # noqa: E731
+    np.testing.assert_allclose(cpu_product(x, w), plain(x, w), rtol=1e-6, atol=1e-6)
+    got = jax.grad(lambda x, w: jnp.sum(cpu_product(x, w) * cot), argnums=(0, 1))(x, w)
+    want = jax.grad(lambda x, w: jnp.sum(plain(x, w) * cot), argnums=(0, 1))(x, w)
+    for g, h in zip(got, want):
+        np.testing.assert_allclose(g, h, rtol=1e-5, atol=1e-5)
