@@ -63,7 +63,8 @@ def parse_args(argv=None):
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--steps", type=int, default=3, help="timed c2jax steps per round")
     ap.add_argument("--rounds", type=int, default=2, help="c2jax rounds; a peer run sits between two rounds")
-    ap.add_argument("--warmup", type=int, default=1, help="c2jax untimed steps after compile")
+    ap.add_argument("--warmup", type=int, default=3,
+                    help="c2jax untimed steps after compile (the first steps grow the retained heap)")
     ap.add_argument("--peer-steps", type=int, default=3)
     ap.add_argument("--peer-warmup", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2, help="peer torch threads")

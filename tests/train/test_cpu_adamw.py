@@ -34,6 +34,15 @@ def _grads(rng, params, scale):
     return jax.tree.map(lambda p: jnp.asarray(rng.normal(size=p.shape) * scale, jnp.float32), params)
 
 
+def _setup(seed):
+    """(train config, optimizer, params, fresh state, grads) of a random problem."""
+    rng = np.random.default_rng(seed)
+    t = _train_cfg()
+    opt = make_optimizer(t)
+    params = _params(rng)
+    return t, opt, params, opt.init(params), _grads(rng, params, 1.0)
+
+
 def _close(a, b):
     jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=2e-6, atol=1e-7), a, b)
 
@@ -61,12 +70,7 @@ def test_steps_match_optax(clip, scale):
 
 
 def test_nonfinite_step_leaves_params_and_state_unchanged():
-    rng = np.random.default_rng(1)
-    t = _train_cfg()
-    opt = make_optimizer(t)
-    params = _params(rng)
-    state = opt.init(params)
-    g = _grads(rng, params, 1.0)
+    t, opt, params, state, g = _setup(1)
     p1, s1 = jax.jit(lambda p, s, g: cpu_adamw.apply(t, p, s, g, jnp.bool_(True)))(params, state, g)
     g_bad = {**g, "embed": g["embed"].at[3, 1].set(jnp.nan)}
     step = jax.jit(lambda p, s, g: apply_if_finite(opt, p, s, g, jnp.float32(1.0), train_cfg=t))
@@ -80,12 +84,7 @@ def test_nonfinite_step_leaves_params_and_state_unchanged():
 
 
 def test_apply_if_finite_gates_after_on_the_fused_path():
-    rng = np.random.default_rng(2)
-    t = _train_cfg()
-    opt = make_optimizer(t)
-    params = _params(rng)
-    state = opt.init(params)
-    g = _grads(rng, params, 1.0)
+    t, opt, params, state, g = _setup(2)
 
     def after(p):
         moe = {**p["layers"]["moe"], "router_bias": p["layers"]["moe"]["router_bias"] + 1.0}
