@@ -44,9 +44,13 @@ inline auto Visible(const int32_t* pos, const int32_t* seg, int64_t j, int32_t p
 
 // Scores -> probabilities in place for the rows of one query block over keys [0, nkp): s [M, ldS]
 // scaled scores, rows (position, head-in-group) pairs from position i0. With have_lse (the
-// backward) p = exp(s - lse); else the softmax, lse written.
+// backward) p = exp(s - lse); else exp(s - max) unnormalized, lse written and inv_sum[m] = 1 / row
+// sum (the caller scales the product P V instead of P). Groups of 16 keys whose positions all
+// exceed the query's (group_min_pos, per group) are zeroed without an exp: the causal upper
+// triangle and the padding.
 void Probabilities(float* s, int64_t ldS, int64_t i0, int64_t npos, int64_t R, int64_t nk, int64_t nkp,
-                   const int32_t* pos, const int32_t* seg, float* lse_rows, bool have_lse) {
+                   const int32_t* pos, const int32_t* seg, const int32_t* group_min_pos, float* lse_rows,
+                   float* inv_sum, bool have_lse) {
   for (int64_t t = 0; t < npos; ++t) {
     const int32_t pi = pos[i0 + t], si = seg[i0 + t];
     for (int64_t r = 0; r < R; ++r) {
@@ -55,6 +59,7 @@ void Probabilities(float* s, int64_t ldS, int64_t i0, int64_t npos, int64_t R, i
       if (!have_lse) {
         v16 mx = Splat(-INFINITY);
         for (int64_t j = 0; j < nkp; j += 16) {
+          if (group_min_pos[j / 16] > pi) continue;
           const v16 m = Visible(pos, seg, j, pi, si, nk) ? Load(row + j) : Splat(-INFINITY);
           mx = mx > m ? mx : m;
         }
@@ -63,19 +68,21 @@ void Probabilities(float* s, int64_t ldS, int64_t i0, int64_t npos, int64_t R, i
         if (m == -INFINITY) {  // no visible key (cannot happen: a query always sees itself)
           std::memset(row, 0, sizeof(float) * nkp);
           lse_rows[t * R + r] = 0.0f;
+          inv_sum[t * R + r] = 0.0f;
           continue;
         }
         l = m;
       }
       v16 sum = {};
       for (int64_t j = 0; j < nkp; j += 16) {
-        const v16 p = Visible(pos, seg, j, pi, si, nk) ? Exp(Load(row + j) - l) : v16{};
+        v16 p = {};
+        if (group_min_pos[j / 16] <= pi) p = Visible(pos, seg, j, pi, si, nk) ? Exp(Load(row + j) - l) : v16{};
         Store(row + j, p);
         sum += p;
       }
       if (!have_lse) {
-        const float tot = Sum(sum), inv = 1.0f / tot;
-        for (int64_t j = 0; j < nkp; j += 16) Store(row + j, Load(row + j) * inv);
+        const float tot = Sum(sum);
+        inv_sum[t * R + r] = 1.0f / tot;
         lse_rows[t * R + r] = l + std::log(tot);
       }
     }
@@ -87,7 +94,7 @@ void Probabilities(float* s, int64_t ldS, int64_t i0, int64_t npos, int64_t R, i
 // and segment ids padded to Lp never match a query.
 struct Scratch {
   std::vector<float> kt, vt, kr, vr, qb, dob, s, dp, out, dk, dv, lse, dsum;
-  std::vector<int32_t> pos, seg;
+  std::vector<int32_t> pos, seg, group_min_pos;
 };
 
 void LoadKeys(const Dims& d, int64_t b, int64_t g, const float* k, const float* v, const int32_t* pos,
@@ -108,29 +115,35 @@ void LoadKeys(const Dims& d, int64_t b, int64_t g, const float* k, const float* 
   w.seg.assign(d.Lp, INT32_MIN);
   std::memcpy(w.pos.data(), pos + b * d.L, sizeof(int32_t) * d.L);
   std::memcpy(w.seg.data(), seg + b * d.L, sizeof(int32_t) * d.L);
+  w.group_min_pos.resize(d.Lp / 16);
+  for (int64_t j = 0; j < d.Lp; j += 16)
+    w.group_min_pos[j / 16] = *std::min_element(w.pos.begin() + j, w.pos.begin() + j + 16);
 }
 
-// Rows of block [i0, i0 + npos) of head group g (W wide), times `scale`, into dst [M, ld] (zero
-// past W).
+// Rows of block [i0, i0 + npos) of head group g (W wide, a multiple of 16), times `scale`, into
+// dst [M, ld] (zero past W).
 void LoadRows(const Dims& d, int64_t b, int64_t g, int64_t i0, int64_t npos, const float* x, int64_t W,
               float scale, float* dst, int64_t ld) {
-  std::memset(dst, 0, sizeof(float) * npos * d.R * ld);
   for (int64_t t = 0; t < npos; ++t)
     for (int64_t r = 0; r < d.R; ++r) {
       const float* src = x + ((b * d.L + i0 + t) * d.H + g * d.R + r) * W;
       float* o = dst + (t * d.R + r) * ld;
-      for (int64_t c = 0; c < W; ++c) o[c] = src[c] * scale;
+      for (int64_t c = 0; c < W; c += 16) Store(o + c, Load(src + c) * scale);
+      std::memset(o + W, 0, sizeof(float) * (ld - W));
     }
 }
 
-// The inverse: src [M, ld] (its first W columns) times `scale` into the rows of x.
+// The inverse: src [M, ld] (its first W columns) times `scale` (and row_scale[m] when given) into
+// the rows of x.
 void StoreRows(const Dims& d, int64_t b, int64_t g, int64_t i0, int64_t npos, const float* src, int64_t ld,
-               int64_t W, float scale, float* x) {
+               int64_t W, float scale, float* x, const float* row_scale = nullptr) {
   for (int64_t t = 0; t < npos; ++t)
     for (int64_t r = 0; r < d.R; ++r) {
+      const int64_t m = t * d.R + r;
       float* o = x + ((b * d.L + i0 + t) * d.H + g * d.R + r) * W;
-      const float* s = src + (t * d.R + r) * ld;
-      for (int64_t c = 0; c < W; ++c) o[c] = s[c] * scale;
+      const float* s = src + m * ld;
+      const float f = row_scale ? scale * row_scale[m] : scale;
+      for (int64_t c = 0; c < W; c += 16) Store(o + c, Load(s + c) * f);
     }
 }
 
@@ -166,20 +179,22 @@ ffi::Error Forward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ff
   const int64_t Mp = kQueryBlock * d.R;
   ParallelFor(pool, d.B * d.G, [&](int64_t u) {
     const int64_t b = u / d.G, g = u % d.G;
-    Scratch w;
+    thread_local Scratch w;  // reused across units and calls: no page faults on fresh buffers
     LoadKeys(d, b, g, kp, vp, pp, sp, w, false);
     w.qb.resize(Mp * d.P);
     w.s.resize(Mp * d.Lp);
     w.out.resize(Mp * d.Op);
     w.lse.resize(Mp);
+    w.dsum.resize(Mp);  // here 1 / row sums of the unnormalized probabilities
     for (int64_t i0 = 0; i0 < d.L; i0 += kQueryBlock) {
       const int64_t npos = std::min<int64_t>(kQueryBlock, d.L - i0), M = npos * d.R;
       const int64_t nk = i0 + npos, nkp = Up(nk, kKeyPad);
       LoadRows(d, b, g, i0, npos, qp, d.P, scale, w.qb.data(), d.P);
       RowsTimesPacked(w.qb.data(), d.P, M, d.P, w.kt.data(), d.P, nkp, w.s.data(), d.Lp);
-      Probabilities(w.s.data(), d.Lp, i0, npos, d.R, nk, nkp, w.pos.data(), w.seg.data(), w.lse.data(), false);
+      Probabilities(w.s.data(), d.Lp, i0, npos, d.R, nk, nkp, w.pos.data(), w.seg.data(), w.group_min_pos.data(),
+                    w.lse.data(), w.dsum.data(), false);
       RowsTimesPacked(w.s.data(), d.Lp, M, nk, w.vr.data(), d.L, d.Op, w.out.data(), d.Op);
-      StoreRows(d, b, g, i0, npos, w.out.data(), d.Op, d.O, 1.0f, op);
+      StoreRows(d, b, g, i0, npos, w.out.data(), d.Op, d.O, 1.0f, op, w.dsum.data());
       for (int64_t t = 0; t < npos; ++t)
         for (int64_t r = 0; r < d.R; ++r) lp[(b * d.L + i0 + t) * d.H + g * d.R + r] = w.lse[t * d.R + r];
     }
@@ -203,7 +218,7 @@ ffi::Error Backward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<f
   const int64_t Mp = kQueryBlock * d.R;
   ParallelFor(pool, d.B * d.G, [&](int64_t u) {
     const int64_t b = u / d.G, g = u % d.G;
-    Scratch w;
+    thread_local Scratch w;  // reused across units and calls: no page faults on fresh buffers
     LoadKeys(d, b, g, kp, vp, pp, sp, w, true);
     w.qb.resize(Mp * d.Pp);    // padded to Pp / Op columns: the B operands of the dK / dV products
     w.dob.resize(Mp * d.Op);
@@ -224,13 +239,14 @@ ffi::Error Backward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<f
         for (int64_t r = 0; r < d.R; ++r) {
           const int64_t row = (b * d.L + i0 + t) * d.H + g * d.R + r;
           w.lse[t * d.R + r] = lp[row];
-          const float *o = op + row * d.O, *dor = dop + row * d.O;
-          float s = 0;
-          for (int64_t c = 0; c < d.O; ++c) s += o[c] * dor[c];
-          w.dsum[t * d.R + r] = s;  // rowsum(dP * P) = rowsum(dO * O)
+          const float *o = op + row * d.O, *dor = &w.dob[(t * d.R + r) * d.Op];
+          v16 s = {};
+          for (int64_t c = 0; c < d.O; c += 16) s += Load(o + c) * Load(dor + c);
+          w.dsum[t * d.R + r] = Sum(s);  // rowsum(dP * P) = rowsum(dO * O)
         }
       RowsTimesPacked(w.qb.data(), d.Pp, M, d.P, w.kt.data(), d.P, nkp, w.s.data(), d.Lp);
-      Probabilities(w.s.data(), d.Lp, i0, npos, d.R, nk, nkp, w.pos.data(), w.seg.data(), w.lse.data(), true);
+      Probabilities(w.s.data(), d.Lp, i0, npos, d.R, nk, nkp, w.pos.data(), w.seg.data(), w.group_min_pos.data(),
+                    w.lse.data(), nullptr, true);
       RowsTimesPacked(w.dob.data(), d.Op, M, d.O, w.vt.data(), d.O, nkp, w.dp.data(), d.Lp);
       for (int64_t m = 0; m < M; ++m) {  // dS = P * (dP - rowsum(dO * O)), in w.dp
         float* dpr = &w.dp[m * d.Lp];

@@ -137,13 +137,14 @@ inline void RowsPanelTile(const float* A, int64_t lda, int64_t r, int64_t K, con
 }
 
 // C[m, 0:N] = (or +=) A[m, 0:K] @ X[0:K, 0:N] for m < M, X packed by PackPanels with Kp >= K rows
-// (N % 64 == 0); rows 6 at a time (24 accumulators) while 6 are left, then 2, then 1.
+// (N % 64 == 0); rows 6 at a time (24 accumulators) while 6 are left, then 4, 2, 1.
 inline void RowsTimesPacked(const float* A, int64_t lda, int64_t M, int64_t K, const float* Xp, int64_t Kp,
                             int64_t N, float* C, int64_t ldc, bool accumulate = false) {
   for (int64_t c = 0; c < N; c += 64) {
     const float* panel = Xp + c * Kp;
     int64_t r = 0;
     for (; r + 6 <= M; r += 6) RowsPanelTile<6>(A, lda, r, K, panel, C, ldc, c, accumulate);
+    if (r + 4 <= M) RowsPanelTile<4>(A, lda, r, K, panel, C, ldc, c, accumulate), r += 4;
     for (; r + 2 <= M; r += 2) RowsPanelTile<2>(A, lda, r, K, panel, C, ldc, c, accumulate);
     if (r < M) RowsPanelTile<1>(A, lda, r, K, panel, C, ldc, c, accumulate);
   }
@@ -159,6 +160,7 @@ inline void TransposedTimesRowsPacked(const float* at, int64_t M, int64_t n, con
     const float* panel = bp + c * M;
     int64_t j = 0;
     for (; j + 6 <= n; j += 6) RowsPanelTile<6>(at, M, j, M, panel, C, ldc, c, true);
+    if (j + 4 <= n) RowsPanelTile<4>(at, M, j, M, panel, C, ldc, c, true), j += 4;
     for (; j < n; j += 2) RowsPanelTile<2>(at, M, j, M, panel, C, ldc, c, true);
   }
 }
