@@ -93,7 +93,7 @@ void Probabilities(float* s, int64_t ldS, int64_t i0, int64_t npos, int64_t R, i
 // and vt = V^T [O, Lp] (scores, dP), kr = K [L, Pp] and vr = V [L, Op] (outputs, dq); positions
 // and segment ids padded to Lp never match a query.
 struct Scratch {
-  std::vector<float> kt, vt, kr, vr, qb, dob, s, dp, out, dk, dv, lse, dsum;
+  Floats kt, vt, kr, vr, qb, dob, s, dp, out, dk, dv, lse, dsum;
   std::vector<int32_t> pos, seg, group_min_pos;
 };
 
@@ -229,7 +229,7 @@ ffi::Error Backward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<f
     w.dsum.resize(Mp);
     w.dk.assign(d.Lp * d.Pp, 0.0f);
     w.dv.assign(d.Lp * d.Op, 0.0f);
-    std::vector<float> scratch;
+    Floats scratch;
     for (int64_t i0 = 0; i0 < d.L; i0 += kQueryBlock) {
       const int64_t npos = std::min<int64_t>(kQueryBlock, d.L - i0), M = npos * d.R;
       const int64_t nk = i0 + npos, nkp = Up(nk, kKeyPad);

@@ -93,12 +93,12 @@ ffi::Error Forward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ff
     const int64_t e = order[u];
     if (start[e + 1] == start[e]) return;
     // [w_gate | w_up] and w_down as packed panels; uninitialized: the packs write all of it
-    std::unique_ptr<float[]> packed(new float[3 * D * F]);
-    float *wgu = packed.get(), *wdn = wgu + 2 * D * F;
+    Floats packed(3 * D * F);
+    float *wgu = packed.data(), *wdn = wgu + 2 * D * F;
     PackPanels(wgp + e * D * F, F, D, F, F, wgu);
     PackPanels(wup + e * D * F, F, D, F, F, wgu + D * F);
     PackPanels(wdp + e * F * D, D, F, D, D, wdn);
-    std::vector<float> xs(kChunk * D), h(kChunk * F);
+    Floats xs(kChunk * D), h(kChunk * F);
     for (int64_t r0 = start[e]; r0 < start[e + 1]; r0 += kChunk) {
       const int64_t n = std::min<int64_t>(kChunk, start[e + 1] - r0);
       float *gu = gup + r0 * 2 * F, *y = yp + r0 * D;
@@ -154,13 +154,13 @@ ffi::Error Backward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<f
     std::memset(dwde, 0, sizeof(float) * F * D);
     if (start[e + 1] == start[e]) return;
     // w_down^T [D, F], w_gate^T and w_up^T [F, D] as packed panels
-    std::unique_ptr<float[]> wT(new float[3 * D * F]);  // uninitialized: the packs write all of it
-    float *wdT = wT.get(), *wgT = wdT + D * F, *wuT = wgT + F * D;
+    Floats wT(3 * D * F);  // uninitialized: the packs write all of it
+    float *wdT = wT.data(), *wgT = wdT + D * F, *wuT = wgT + F * D;
     PackPanels(wdp + e * F * D, D, D, F, F, wdT, true);
     PackPanels(wgp + e * D * F, F, F, D, D, wgT, true);
     PackPanels(wup + e * D * F, F, F, D, D, wuT, true);
-    std::vector<float> xs(kChunk * D), dy(kChunk * D), dh(kChunk * F), dgu(kChunk * 2 * F), h(kChunk * F), scratch;
-    std::vector<float> xT(D * kChunk), bp(F * kChunk);  // X^T, shared by dW_gate and dW_up; dG or dU as panels
+    Floats xs(kChunk * D), dy(kChunk * D), dh(kChunk * F), dgu(kChunk * 2 * F), h(kChunk * F), scratch;
+    Floats xT(D * kChunk), bp(F * kChunk);  // X^T, shared by dW_gate and dW_up; dG or dU as panels
     for (int64_t r0 = start[e]; r0 < start[e + 1]; r0 += kChunk) {
       const int64_t n = std::min<int64_t>(kChunk, start[e + 1] - r0);
       const float* gu = gup + r0 * 2 * F;

@@ -11,6 +11,8 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <new>
+#include <utility>
 #include <thread>
 #include <vector>
 #include <cstdlib>
@@ -23,6 +25,31 @@ namespace ffi = xla::ffi;
 
 typedef float v16 __attribute__((vector_size(64)));
 typedef int32_t i16 __attribute__((vector_size(64)));
+
+// Allocator for scratch: 64-byte aligned (a vector load never straddles two cache lines) and
+// default-initialized (resize leaves floats unwritten: the kernels write before they read).
+template <typename T>
+struct ScratchAlloc {
+  using value_type = T;
+  ScratchAlloc() = default;
+  template <typename U>
+  ScratchAlloc(const ScratchAlloc<U>&) {}
+  T* allocate(size_t n) {
+    void* p = std::aligned_alloc(64, (n * sizeof(T) + 63) / 64 * 64);
+    if (!p) throw std::bad_alloc();
+    return static_cast<T*>(p);
+  }
+  void deallocate(T* p, size_t) { std::free(p); }
+  template <typename U>
+  void construct(U* p) { ::new (static_cast<void*>(p)) U; }
+  template <typename U, typename... A>
+  void construct(U* p, A&&... a) { ::new (static_cast<void*>(p)) U(std::forward<A>(a)...); }
+  template <typename U>
+  bool operator==(const ScratchAlloc<U>&) const { return true; }
+  template <typename U>
+  bool operator!=(const ScratchAlloc<U>&) const { return false; }
+};
+using Floats = std::vector<float, ScratchAlloc<float>>;
 
 inline v16 Load(const float* p) {
   v16 v;
@@ -167,7 +194,7 @@ inline void TransposedTimesRowsPacked(const float* at, int64_t M, int64_t n, con
 
 // The same with A [M, n] given (row stride lda), transposed into scratch first.
 inline void ColsTimesRowsPacked(const float* A, int64_t lda, int64_t M, int64_t n, const float* B, int64_t ldb,
-                                int64_t W, float* C, int64_t ldc, std::vector<float>& scratch) {
+                                int64_t W, float* C, int64_t ldc, Floats& scratch) {
   scratch.resize(n * M + W * M);
   Transpose(A, lda, M, n, scratch.data(), M);
   TransposedTimesRowsPacked(scratch.data(), M, n, B, ldb, W, C, ldc, scratch.data() + n * M);
