@@ -62,15 +62,19 @@ def _leaf_step(p, g, m, v, coef, t, wd):
         eps=np.float64(float(t.get("adam_eps", 1e-8))), wd=np.float64(wd))
 
 
-def apply(t, params, opt_state, grads, finite):
+def apply(t, params, opt_state, grads, finite, grad_norm=None):
     """(new params, new optimizer state) of make_optimizer(t) for these grads, or the old ones
-    where `finite` is False."""
+    where `finite` is False. `grad_norm`: the norm of all of `grads`, if already computed (the
+    clip's norm over the trained leaves is then that one when no leaf is frozen)."""
     found = _find_states(opt_state)
     adam, sched = found[optax.ScaleByAdamState][0], found[optax.ScaleByScheduleState][0]
     labels, decay = frozen_labels(params), decay_mask(params)
     train = {k for k, lab in flatten_by_path(labels).items() if lab == "train"}
     g_flat = flatten_by_path(grads)
-    g_norm = optax.tree.norm([g_flat[k] for k in sorted(train)])
+    if grad_norm is not None and len(train) == len(g_flat):
+        g_norm = grad_norm
+    else:
+        g_norm = optax.tree.norm([g_flat[k] for k in sorted(train)])
     count_inc = numerics.safe_increment(adam.count)
     clip = t.grad_clip > 0
     coef = jnp.stack([  # the kernel's coef (cpu_adamw.cc); optax clips unless g_norm < max_norm

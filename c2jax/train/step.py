@@ -130,7 +130,7 @@ def apply_if_finite(optimizer, params, opt_state, grads, loss, after=None, train
     grad_norm = optax.global_norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     if train_cfg is not None and cpu_adamw.usable(params, opt_state) is None:
-        new_params, new_opt = cpu_adamw.apply(train_cfg, params, opt_state, grads, finite)
+        new_params, new_opt = cpu_adamw.apply(train_cfg, params, opt_state, grads, finite, grad_norm)
         if after:  # only the leaves `after` replaced need the gate
             bumped = after(new_params)
             new_params = jax.tree.map(lambda b, n: n if b is n else jnp.where(finite, b, n), bumped, new_params)

@@ -103,3 +103,15 @@ def test_refuses_other_optimizers_and_dtypes():
     assert "AdamW" in cpu_adamw.usable(params, optax.sgd(0.1).init(params))
     p16 = {"w": jnp.ones((4,), jnp.bfloat16)}
     assert "float32" in cpu_adamw.usable(p16, make_optimizer(_train_cfg()).init(p16))
+
+
+def test_apply_if_finite_matches_optax_without_frozen_leaves():
+    """No frozen leaf: the clip reuses apply_if_finite's gradient norm (clip hit here)."""
+    t, opt, params, state, g = _setup(3)
+    params = {k: v for k, v in params.items() if k != "layers"}
+    params["w"] = jnp.asarray(np.random.default_rng(4).normal(size=(8, 32)), jnp.float32)
+    state, g = opt.init(params), _grads(np.random.default_rng(5), params, 10.0)
+    fused = jax.jit(lambda p, s, g: apply_if_finite(opt, p, s, g, jnp.float32(1.0), train_cfg=t))(params, state, g)
+    ref = jax.jit(lambda p, s, g: apply_if_finite(opt, p, s, g, jnp.float32(1.0)))(params, state, g)
+    assert float(fused[3]) > t.grad_clip
+    _close(fused[:2], ref[:2])
