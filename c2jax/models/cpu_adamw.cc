@@ -50,6 +50,9 @@ ffi::Error AdamW(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> p, ffi::Buffer<ffi:
   if (g.element_count() != n || m.element_count() != n || v.element_count() != n || coef.element_count() != 7)
     return ffi::Error(ffi::ErrorCode::kInvalidArgument,
                       "adamw wants p, g, m, v of one size and coef [7] (apply, clip, g_norm, max_norm, bc1, bc2, step)");
+  if (p_out->typed_data() != p.typed_data() || m_out->typed_data() != m.typed_data() ||
+      v_out->typed_data() != v.typed_data())  // "leave as they are" relies on it
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument, "adamw: p, m and v must be aliased to the outputs");
   const float* k = coef.typed_data();
   if (k[0] == 0.0f) return ffi::Error::Success();
   // constants rounded from double as XLA rounds optax's Python floats
@@ -58,8 +61,6 @@ ffi::Error AdamW(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> p, ffi::Buffer<ffi:
                k[6], k[1] != 0.0f};
   float *pp = p_out->typed_data(), *mp = m_out->typed_data(), *vp = v_out->typed_data();
   const float* gp = g.typed_data();
-  if (pp != p.typed_data() || mp != m.typed_data() || vp != v.typed_data())  // not aliased: copy first
-    for (size_t i = 0; i < n; ++i) pp[i] = p.typed_data()[i], mp[i] = m.typed_data()[i], vp[i] = v.typed_data()[i];
   const int64_t units = static_cast<int64_t>((n + kUnit - 1) / kUnit);
   ParallelFor(pool, units, [&](int64_t u) {
     const size_t lo = u * kUnit, hi = std::min(n, lo + kUnit);

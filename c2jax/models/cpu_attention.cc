@@ -115,7 +115,7 @@ void TransposedScoreGrads(float* st, float* dpt, int64_t ld, int64_t nk, int64_t
 // ids padded to Lp never match a query. The backward packs each query block instead: qt = Q^T,
 // dot = dO^T (transposed scores and dP), qp = Q, dop = dO (dK, dV).
 struct Scratch {
-  Floats kt, vr, kr, qb, dob, qt, dot, qp, dop, s, dp, out, dk, dv, lse, dsum;
+  Floats kt, vr, kr, qb, dob, qt, dot, qp, dop, s, dp, out, dk, dv, lse, inv_sum, dsum;
   std::vector<int32_t> pos, seg, group_min_pos, qpos, qseg, chunk_max_pos;
 };
 
@@ -206,16 +206,16 @@ ffi::Error Forward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ff
     w.s.resize(Mp * d.Lp);
     w.out.resize(Mp * d.Op);
     w.lse.resize(Mp);
-    w.dsum.resize(Mp);  // here 1 / row sums of the unnormalized probabilities
+    w.inv_sum.resize(Mp);
     for (int64_t i0 = 0; i0 < d.L; i0 += kQueryBlock) {
       const int64_t npos = std::min<int64_t>(kQueryBlock, d.L - i0), M = npos * d.R;
       const int64_t nk = i0 + npos, nkp = Up(nk, kKeyPad);
       LoadRows(d, b, g, i0, npos, qp, d.P, scale, w.qb.data(), d.P);
       RowsTimesPacked(w.qb.data(), d.P, M, d.P, w.kt.data(), d.P, nkp, w.s.data(), d.Lp);
       Probabilities(w.s.data(), d.Lp, i0, npos, d.R, nk, nkp, w.pos.data(), w.seg.data(), w.group_min_pos.data(),
-                    w.lse.data(), w.dsum.data());
+                    w.lse.data(), w.inv_sum.data());
       RowsTimesPacked(w.s.data(), d.Lp, M, nk, w.vr.data(), d.L, d.Op, w.out.data(), d.Op);
-      StoreRows(d, b, g, i0, npos, w.out.data(), d.Op, d.O, 1.0f, op, w.dsum.data());
+      StoreRows(d, b, g, i0, npos, w.out.data(), d.Op, d.O, 1.0f, op, w.inv_sum.data());
       for (int64_t t = 0; t < npos; ++t)
         for (int64_t r = 0; r < d.R; ++r) lp[(b * d.L + i0 + t) * d.H + g * d.R + r] = w.lse[t * d.R + r];
     }

@@ -1,6 +1,6 @@
-// Shared pieces of the CPU FFI kernels (cpu_attention.cc, cpu_moe.cc): GCC vector types, a
-// vectorized exp, an in-register transpose, the three register-blocked product shapes they are
-// written in, and a parallel-for on XLA's intra-op thread pool. Plain GCC vector extensions:
+// Shared pieces of the CPU FFI kernels (cpu_attention.cc, cpu_moe.cc, cpu_loss.cc, cpu_adamw.cc):
+// GCC vector types, aligned scratch, a vectorized exp, an in-register transpose, the
+// register-blocked products they are written in, and a parallel-for on XLA's intra-op thread pool. Plain GCC vector extensions:
 // AVX-512 under -march=native where the host has it, narrower vectors elsewhere.
 #pragma once
 

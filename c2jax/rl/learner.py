@@ -227,7 +227,7 @@ def rl_train_step(cfg, optimizer, state, ref_params, batch):
         lm["replay_replaced_fraction"] = jnp.mean(replaced_M)
     lm["logp_mean"] = jnp.sum(jnp.where(mask, _from_micro(logp_M), 0.0)) / jnp.maximum(jnp.sum(mask), 1)
     new_params, new_opt, finite, grad_norm = apply_if_finite(optimizer, state["params"], state["opt_state"],
-                                                             grads, loss, train_cfg=cfg.train)
+                                                             grads, loss)
     new_state = {"params": new_params, "opt_state": new_opt, "step": state["step"] + 1, "rng": state["rng"]}
     metrics.update(lm)
     metrics["logprob_mismatch_mean"] = metrics.pop("logprob_mismatch_mean_abs")

@@ -34,11 +34,20 @@ def learning_rate_schedule(t) -> optax.Schedule:
         decay_steps=warmup + decay_steps, end_value=t.lr * t.min_lr_ratio)
 
 
-def make_optimizer(t) -> optax.GradientTransformation:
+class TrainOptimizer(optax.GradientTransformationExtraArgs):
+    """make_optimizer's transformation. Its `train_cfg` attribute is the `train` section it was
+    made from: the fused CPU step (c2jax.train.cpu_adamw) takes the hyperparameters from there, so
+    the optimizer and its fused form cannot disagree."""
+
+
+def make_optimizer(t) -> TrainOptimizer:
     """The training optimizer from the `train` config section."""
     chain = []
     if t.grad_clip > 0:
         chain.append(optax.clip_by_global_norm(t.grad_clip))
     chain.append(optax.adamw(learning_rate_schedule(t), b1=t.b1, b2=t.b2, eps=float(t.get("adam_eps", 1e-8)),
                              weight_decay=t.weight_decay, mask=decay_mask))
-    return optax.multi_transform({"train": optax.chain(*chain), "frozen": optax.set_to_zero()}, frozen_labels)
+    tx = optax.multi_transform({"train": optax.chain(*chain), "frozen": optax.set_to_zero()}, frozen_labels)
+    out = TrainOptimizer(tx.init, tx.update)
+    out.train_cfg = t
+    return out

@@ -117,11 +117,11 @@ def total_loss(cfg, terms, total_weight, num_micro):
     return loss
 
 
-def apply_if_finite(optimizer, params, opt_state, grads, loss, after=None, train_cfg=None):
+def apply_if_finite(optimizer, params, opt_state, grads, loss, after=None):
     """(new params, new optimizer state, finite, grad norm): the optimizer step (then `after` on
     the new params) when loss and gradients are finite, else params and state unchanged.
-    `train_cfg`: the section `optimizer` was made from (make_optimizer); given, the step runs as
-    the fused CPU kernel where it can (c2jax.train.cpu_adamw: same arithmetic, one pass).
+    make_optimizer's optimizer runs as the fused CPU kernel where it can (c2jax.train.cpu_adamw:
+    same arithmetic, one pass, the gate inside); others, and other targets, as below.
 
     One reduction decides: a NaN or inf anywhere in the gradients makes their norm non-finite (so
     does a sum of squares past float32 range, where clipping would zero the update anyway). A
@@ -129,6 +129,7 @@ def apply_if_finite(optimizer, params, opt_state, grads, loss, after=None, train
     params and optimizer state (~0.1 s a step on the 89M CPU bench)."""
     grad_norm = optax.global_norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    train_cfg = getattr(optimizer, "train_cfg", None)
     if train_cfg is not None and cpu_adamw.usable(params, opt_state) is None:
         new_params, new_opt = cpu_adamw.apply(train_cfg, params, opt_state, grads, finite, grad_norm)
         if after:  # only the leaves `after` replaced need the gate
@@ -183,7 +184,7 @@ def train_step(cfg, optimizer, state, batch):
     bias_load = jnp.sum(terms_all["expert_load"], axis=0) if "expert_load" in terms_all else None
     new_params, new_opt, finite, grad_norm = apply_if_finite(
         optimizer, state["params"], state["opt_state"], grads, loss,
-        after=None if bias_load is None else (lambda p: _apply_bias_update(cfg, p, bias_load)), train_cfg=cfg.train)
+        after=None if bias_load is None else (lambda p: _apply_bias_update(cfg, p, bias_load)))
     new_state = {"params": new_params, "opt_state": new_opt,
                  "step": state["step"] + 1, "rng": jax.random.fold_in(state["rng"], state["step"])}
     nll = jnp.sum(terms_all["nll_sum"]) / total_weight

@@ -43,6 +43,11 @@ def _setup(seed):
     return t, opt, params, opt.init(params), _grads(rng, params, 1.0)
 
 
+def _plain(opt):
+    """The same transformation without its train config: apply_if_finite runs it through optax."""
+    return optax.GradientTransformationExtraArgs(opt.init, opt.update)
+
+
 def _close(a, b):
     jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=2e-6, atol=1e-7), a, b)
 
@@ -73,7 +78,7 @@ def test_nonfinite_step_leaves_params_and_state_unchanged():
     t, opt, params, state, g = _setup(1)
     p1, s1 = jax.jit(lambda p, s, g: cpu_adamw.apply(t, p, s, g, jnp.bool_(True)))(params, state, g)
     g_bad = {**g, "embed": g["embed"].at[3, 1].set(jnp.nan)}
-    step = jax.jit(lambda p, s, g: apply_if_finite(opt, p, s, g, jnp.float32(1.0), train_cfg=t))
+    step = jax.jit(lambda p, s, g: apply_if_finite(opt, p, s, g, jnp.float32(1.0)))
     p2, s2, finite, _ = step(p1, s1, g_bad)
     assert not bool(finite)
     jax.tree.map(np.testing.assert_array_equal, (p2, s2), (p1, s1))
@@ -90,9 +95,11 @@ def test_apply_if_finite_gates_after_on_the_fused_path():
         moe = {**p["layers"]["moe"], "router_bias": p["layers"]["moe"]["router_bias"] + 1.0}
         return {**p, "layers": {**p["layers"], "moe": moe}}
     for loss, moved in ((1.0, True), (np.nan, False)):
-        fused = jax.jit(lambda p, s, g: apply_if_finite(opt, p, s, g, jnp.float32(loss), after, train_cfg=t))(
-            params, state, g)
-        ref = jax.jit(lambda p, s, g: apply_if_finite(opt, p, s, g, jnp.float32(loss), after))(params, state, g)
+        fused_fn = jax.jit(lambda p, s, g: apply_if_finite(opt, p, s, g, jnp.float32(loss), after))
+        ref_fn = jax.jit(lambda p, s, g: apply_if_finite(_plain(opt), p, s, g, jnp.float32(loss), after))
+        assert cpu_kernels.ADAMW in fused_fn.lower(params, state, g).as_text()
+        assert cpu_kernels.ADAMW not in ref_fn.lower(params, state, g).as_text()
+        fused, ref = fused_fn(params, state, g), ref_fn(params, state, g)
         _close(fused[:2], ref[:2])
         bias = fused[0]["layers"]["moe"]["router_bias"]
         np.testing.assert_array_equal(bias, params["layers"]["moe"]["router_bias"] + (1.0 if moved else 0.0))
@@ -111,7 +118,9 @@ def test_apply_if_finite_matches_optax_without_frozen_leaves():
     params = {k: v for k, v in params.items() if k != "layers"}
     params["w"] = jnp.asarray(np.random.default_rng(4).normal(size=(8, 32)), jnp.float32)
     state, g = opt.init(params), _grads(np.random.default_rng(5), params, 10.0)
-    fused = jax.jit(lambda p, s, g: apply_if_finite(opt, p, s, g, jnp.float32(1.0), train_cfg=t))(params, state, g)
-    ref = jax.jit(lambda p, s, g: apply_if_finite(opt, p, s, g, jnp.float32(1.0)))(params, state, g)
+    fused_fn = jax.jit(lambda p, s, g: apply_if_finite(opt, p, s, g, jnp.float32(1.0)))
+    assert cpu_kernels.ADAMW in fused_fn.lower(params, state, g).as_text()  # the fused path, not optax's
+    fused = fused_fn(params, state, g)
+    ref = jax.jit(lambda p, s, g: apply_if_finite(_plain(opt), p, s, g, jnp.float32(1.0)))(params, state, g)
     assert float(fused[3]) > t.grad_clip
     _close(fused[:2], ref[:2])
