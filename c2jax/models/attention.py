@@ -16,7 +16,8 @@ import jax
 import jax.numpy as jnp
 
 from c2jax.models import cpu_attention
-from c2jax.models.layers import Linear, RMSNorm, apply_rope, dtype_of, rope_frequencies, softmax_scale
+from c2jax.models.layers import (Linear, RMSNorm, apply_rope, dtype_of, rope_frequencies, rope_tables, rotate,
+                                 softmax_scale)
 from c2jax.platform import target_backend
 
 NEG_INF = -1e30
@@ -239,12 +240,12 @@ class GQAAttention(nn.Module):
         q = Linear(H * P, ("embed", "heads"), name="q_proj", **kw)(x_BLD).reshape(B, L, H, P)
         k = Linear(G * P, ("embed", "kv_heads"), name="k_proj", **kw)(x_BLD).reshape(B, L, G, P)
         v = Linear(G * P, ("embed", "kv_heads"), name="v_proj", **kw)(x_BLD).reshape(B, L, G, P)
-        if m.qk_norm:
-            q = RMSNorm(m.rms_norm_eps, "head_dim", pdt, name="q_norm")(q)
-            k = RMSNorm(m.rms_norm_eps, "head_dim", pdt, name="k_norm")(k)
-        inv_freq, factor = rope_frequencies(P, m)
-        q = apply_rope(q, positions_BL, inv_freq, factor, interleave=False)
-        k = apply_rope(k, positions_BL, inv_freq, factor, interleave=False)
+        tables = rope_tables(positions_BL, *rope_frequencies(P, m))
+        if m.qk_norm:   # norm then RoPE, one pass each on CPU
+            q = RMSNorm(m.rms_norm_eps, "head_dim", pdt, name="q_norm")(q, rope=tables)
+            k = RMSNorm(m.rms_norm_eps, "head_dim", pdt, name="k_norm")(k, rope=tables)
+        else:
+            q, k = rotate(q, *tables), rotate(k, *tables)
         q = nn.with_logical_constraint(q, ("batch", "length", "heads", "head_dim"))
         scale = P ** -0.5
         if cache is None:

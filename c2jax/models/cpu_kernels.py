@@ -1,8 +1,9 @@
 """CPU kernels as XLA FFI calls. Decode (cpu_kernels.cc): kernels that stream each weight once for
 up to 8 rows: the MoE layer (every chosen expert read once), the output head and the other Linear
-layers. Training (cpu_attention.cc / cpu_moe.cc / cpu_loss.cc / cpu_adamw.cc, wrapped by
-cpu_attention.py / cpu_moe.py / c2jax.train.head_loss / c2jax.train.cpu_adamw): causal attention,
-the routed experts and the per-token NLL, forward and backward, and the AdamW step. All build
+layers. Training (cpu_attention.cc / cpu_moe.cc / cpu_loss.cc / cpu_norm.cc / cpu_adamw.cc, wrapped by
+cpu_attention.py / cpu_moe.py / c2jax.train.head_loss / cpu_norm.py / c2jax.train.cpu_adamw): causal
+attention, the routed experts, the per-token NLL and RMSNorm (with the q/k RoPE), forward and
+backward, and the AdamW step. All build
 into one library.
 
 Why: XLA CPU runs a product of 2-8 rows at 5-9 GB/s on one core against 11-14 GB/s for a
@@ -39,16 +40,20 @@ TARGET = "c2jax_moe_ffn"
 MATMUL = "c2jax_packed_matmul"
 # one library; the header is listed so that its edits change the cache key
 SOURCES = tuple(Path(__file__).with_name(n) for n in ("cpu_kernels.cc", "cpu_attention.cc", "cpu_moe.cc",
-                                                      "cpu_loss.cc", "cpu_adamw.cc"))
+                                                      "cpu_loss.cc", "cpu_adamw.cc", "cpu_norm.cc"))
 HEADERS = (Path(__file__).with_name("cpu_simd.h"),)
 ATTENTION_FWD, ATTENTION_BWD = "c2jax_causal_attention_fwd", "c2jax_causal_attention_bwd"
 EXPERT_FWD, EXPERT_BWD = "c2jax_expert_ffn_fwd", "c2jax_expert_ffn_bwd"
 TOKEN_NLL_FWD, TOKEN_NLL_BWD = "c2jax_token_nll_fwd", "c2jax_token_nll_bwd"
 ADAMW = "c2jax_adamw"
+RMS_NORM_FWD, RMS_NORM_BWD = "c2jax_rms_norm_fwd", "c2jax_rms_norm_bwd"
+NORM_ROPE_FWD, NORM_ROPE_BWD = "c2jax_rms_norm_rope_fwd", "c2jax_rms_norm_rope_bwd"
 _HANDLERS = {TARGET: "C2jaxMoeFfn", MATMUL: "C2jaxPackedMatmul",        # FFI target -> exported symbol
              ATTENTION_FWD: "C2jaxCausalAttentionFwd", ATTENTION_BWD: "C2jaxCausalAttentionBwd",
              EXPERT_FWD: "C2jaxExpertFfnFwd", EXPERT_BWD: "C2jaxExpertFfnBwd",
-             TOKEN_NLL_FWD: "C2jaxTokenNllFwd", TOKEN_NLL_BWD: "C2jaxTokenNllBwd", ADAMW: "C2jaxAdamW"}
+             TOKEN_NLL_FWD: "C2jaxTokenNllFwd", TOKEN_NLL_BWD: "C2jaxTokenNllBwd", ADAMW: "C2jaxAdamW",
+             RMS_NORM_FWD: "C2jaxRmsNormFwd", RMS_NORM_BWD: "C2jaxRmsNormBwd",
+             NORM_ROPE_FWD: "C2jaxRmsNormRopeFwd", NORM_ROPE_BWD: "C2jaxRmsNormRopeBwd"}
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno")
 
 

@@ -11,7 +11,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from c2jax.models import cpu_kernels
+from c2jax.models import cpu_kernels, cpu_norm
 from c2jax.platform import target_backend
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -91,10 +91,20 @@ class RMSNorm(nn.Module):
     param_dtype: jnp.dtype = jnp.float32
 
     @nn.compact
-    def __call__(self, x):
+    def __call__(self, x, rope=None):
+        """The norm of x over its last dim; with rope=(cos, sin) (rope_tables'), then the
+        rotate-half rotation of that dim (Qwen3's q/k norm then RoPE, fused on CPU)."""
         weight = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones, (self.axis_name,)),
                             (x.shape[-1],), self.param_dtype)
-        return rms_norm(x, weight, float(self.eps))
+        eps = float(self.eps)
+        if rope is None:
+            if cpu_norm.usable(x, weight) is None:
+                return cpu_norm.rms_norm(x, weight, eps)
+            return rms_norm(x, weight, eps)
+        cos, sin = rope
+        if x.ndim == 4 and cpu_norm.usable(x, weight, rope=True) is None:
+            return cpu_norm.rms_norm_rope(x, weight, cos, sin, eps)
+        return rotate(rms_norm(x, weight, eps), cos, sin)
 
 
 # The backward is written out in float32 from the saved 1/rms; on the 89M CPU bench it took the
@@ -183,10 +193,19 @@ def softmax_scale(head_dim: int, m) -> float:
 def apply_rope(x_BLHR, positions_BL, inv_freq, attention_factor: float, interleave: bool):
     """Rotate the last dim of x by position. interleave=True rotates pairs (x0,x1),(x2,x3),...
     and returns them de-interleaved (HF DeepSeek-V3 layout); otherwise rotate_half pairs."""
+    return rotate(x_BLHR, *rope_tables(positions_BL, inv_freq, attention_factor), interleave)
+
+
+def rope_tables(positions_BL, inv_freq, attention_factor: float):
+    """(cos, sin) float32 [B, L, R/2] of the rotation by position, scaled by the attention factor."""
     freqs_BLr = positions_BL.astype(jnp.float32)[..., None] * inv_freq
-    cos = (jnp.cos(freqs_BLr) * attention_factor)[:, :, None, :]
-    sin = (jnp.sin(freqs_BLr) * attention_factor)[:, :, None, :]
-    return _rotate(x_BLHR.astype(jnp.float32), cos, sin, interleave).astype(x_BLHR.dtype)
+    return jnp.cos(freqs_BLr) * attention_factor, jnp.sin(freqs_BLr) * attention_factor
+
+
+def rotate(x_BLHR, cos_BLr, sin_BLr, interleave: bool = False):
+    """The RoPE rotation of x's last dim by rope_tables' cos / sin (shared by the heads)."""
+    return _rotate(x_BLHR.astype(jnp.float32), cos_BLr[:, :, None, :], sin_BLr[:, :, None, :],
+                   interleave).astype(x_BLHR.dtype)
 
 
 def _rotate_pairs(x, cos, sin, interleave):
