@@ -16,8 +16,8 @@ import jax
 import jax.numpy as jnp
 
 from c2jax.models import cpu_attention
-from c2jax.models.layers import (Linear, RMSNorm, apply_rope, dtype_of, rope_frequencies, rope_tables, rotate,
-                                 softmax_scale)
+from c2jax.models.layers import (Linear, LinearWeights, RMSNorm, apply_rope, dtype_of, fused_linears, rope_frequencies,
+                                 rope_tables, rotate, softmax_scale)
 from c2jax.platform import target_backend
 
 NEG_INF = -1e30
@@ -237,9 +237,11 @@ class GQAAttention(nn.Module):
         kw = dict(dtype=dt, param_dtype=pdt, init_std=m.init_std, use_bias=m.attention_bias)
         B, L, _ = x_BLD.shape
         H, G, P = m.num_heads, m.num_kv_heads, m.head_dim
-        q = Linear(H * P, ("embed", "heads"), name="q_proj", **kw)(x_BLD).reshape(B, L, H, P)
-        k = Linear(G * P, ("embed", "kv_heads"), name="k_proj", **kw)(x_BLD).reshape(B, L, G, P)
-        v = Linear(G * P, ("embed", "kv_heads"), name="v_proj", **kw)(x_BLD).reshape(B, L, G, P)
+        D = x_BLD.shape[-1]
+        q, k, v = fused_linears(x_BLD, [LinearWeights(H * P, ("embed", "heads"), name="q_proj", **kw)(D),
+                                        LinearWeights(G * P, ("embed", "kv_heads"), name="k_proj", **kw)(D),
+                                        LinearWeights(G * P, ("embed", "kv_heads"), name="v_proj", **kw)(D)], dt)
+        q, k, v = q.reshape(B, L, H, P), k.reshape(B, L, G, P), v.reshape(B, L, G, P)
         tables = rope_tables(positions_BL, *rope_frequencies(P, m))
         if m.qk_norm:   # norm then RoPE, one pass each on CPU
             q = RMSNorm(m.rms_norm_eps, "head_dim", pdt, name="q_norm")(q, rope=tables)

@@ -61,3 +61,44 @@ def test_cpu_product_values_and_gradients_match_einsum():
     want = jax.grad(lambda x, w: jnp.sum(plain(x, w) * cot), argnums=(0, 1))(x, w)
     for g, h in zip(got, want):
         np.testing.assert_allclose(g, h, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("use_bias", [False, True])
+def test_fused_linears_match_separate_linears(use_bias):
+    """LinearWeights + fused_linears (one product over the kernels side by side, CPU) give what
+    separate Linear layers give, values and gradients, under the same param names and init."""
+    import flax.linen as nn
+
+    from c2jax.models.layers import Linear, LinearWeights, fused_linears
+
+    class Separate(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return [Linear(n, ("embed", None), use_bias=use_bias, name=f"p{i}")(x) for i, n in enumerate((48, 16, 32))]
+
+    class Fused(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            ws = [LinearWeights(n, ("embed", None), use_bias=use_bias, name=f"p{i}")(x.shape[-1])
+                  for i, n in enumerate((48, 16, 32))]
+            return fused_linears(x, ws, jnp.float32)
+
+    rng = np.random.default_rng(5)
+    x = jnp.asarray(rng.standard_normal((2, 5, 24)), jnp.float32)
+    cots = [jnp.asarray(rng.standard_normal((2, 5, n)), jnp.float32) for n in (48, 16, 32)]
+    params = Separate().init(jax.random.key(0), x)
+    fused_params = Fused().init(jax.random.key(0), x)
+    jax.tree.map(np.testing.assert_array_equal, params, fused_params)   # same names, shapes and init
+    if use_bias:
+        params = jax.tree.map(lambda p: p + 0.1 * jnp.asarray(rng.standard_normal(p.shape), jnp.float32), params)
+
+    def loss(mod):
+        return lambda p, x: sum(jnp.sum(y * c) for y, c in zip(mod.apply(p, x), cots))
+
+    for a, b in zip(Separate().apply(params, x), Fused().apply(params, x)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    g_sep = jax.grad(loss(Separate()), argnums=(0, 1))(params, x)
+    g_fused = jax.grad(loss(Fused()), argnums=(0, 1))(params, x)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5), g_sep, g_fused)
+    hlo = jax.jit(lambda p, x: Fused().apply(p, x)).lower(params, x).as_text()
+    assert hlo.count("dot_general") == 1   # one product for the three projections
