@@ -2,6 +2,7 @@
 the machine's measured matmul peak for MFU."""
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -73,11 +74,19 @@ class Progress:
             print(" | ".join(parts), file=self.stream, flush=True)
 
 
-def measured_matmul_peak(n: int = 1024, repeats: int = 5, dtype=jnp.float32) -> float:
-    """FLOP/s of an n x n x n XLA matmul on the default device (best of `repeats`)."""
-    a = jax.random.normal(jax.random.key(0), (n, n), dtype)
+@functools.lru_cache(maxsize=None)
+def _square_product(n: int, dtype_name: str):
+    """The compiled n x n @ n x n product and its operand, made once per (n, dtype): samples
+    taken between training steps must not pay a compile each."""
+    a = jax.random.normal(jax.random.key(0), (n, n), jnp.dtype(dtype_name))
     f = jax.jit(lambda x: x @ x)
     f(a).block_until_ready()
+    return f, a
+
+
+def measured_matmul_peak(n: int = 1024, repeats: int = 5, dtype=jnp.float32) -> float:
+    """FLOP/s of an n x n x n XLA matmul on the default device (best of `repeats`)."""
+    f, a = _square_product(n, jnp.dtype(dtype).name)
     best = float("inf")
     for _ in range(repeats):
         t = time.perf_counter()
