@@ -8,6 +8,7 @@ PY := $(VENV)/bin/python
 export JAX_PLATFORMS ?= cpu
 export TF_CPP_MIN_LOG_LEVEL ?= 3
 PYTEST_ARGS ?=
+TEST_WORKERS ?= 2
 
 .PHONY: venv demo test test-fast test-multidevice lint clean system-deps
 
@@ -38,12 +39,14 @@ demo: venv
 # for the process's life), so they run in their own process, like the 8-device tests. The
 # sampler tests run in their own process too: after the rest of the suite, XLA:CPU has crashed
 # (SIGSEGV) executing the speculative sampler's decode chunk in the same process, twice at the
-# same test; alone they pass.
+# same test; alone they pass. Each group runs on TEST_WORKERS pytest-xdist worker processes
+# (2 by default: the suite is mostly single-threaded XLA compiles, so two processes keep both
+# cores of a 2-core machine busy; `make test TEST_WORKERS=0` runs each group in one process).
 test: venv
-	$(PY) -m pytest -q tests --ignore=tests/multidevice --ignore=tests/rl/test_rl_ray.py --ignore=tests/sampling $(PYTEST_ARGS)
-	$(PY) -m pytest -q tests/sampling $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) tests --ignore=tests/multidevice --ignore=tests/rl/test_rl_ray.py --ignore=tests/sampling $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) tests/sampling $(PYTEST_ARGS)
 	$(PY) -m pytest -q tests/rl/test_rl_ray.py $(PYTEST_ARGS)
-	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(PY) -m pytest -q tests/multidevice $(PYTEST_ARGS)
+	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(PY) -m pytest -q -n $(TEST_WORKERS) tests/multidevice $(PYTEST_ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check c2jax pallas_kernels tests experiments configs
