@@ -177,27 +177,44 @@ inline void RowsTimesPacked(const float* A, int64_t lda, int64_t M, int64_t K, c
   }
 }
 
-// C[j, 0:W] += sum_{i < M} At[j, i] B[i, 0:W] for j < n (n even, W % 64 == 0), At = A^T given
-// as [n, M]; B goes through bp (W M floats) as panels [W/64][M][64] so both are read
-// contiguously; C rows 6 at a time while 6 are left.
-inline void TransposedTimesRowsPacked(const float* at, int64_t M, int64_t n, const float* B, int64_t ldb,
-                                      int64_t W, float* C, int64_t ldc, float* bp) {
+// Rows [j, j + RB) of C[:, c:c + 64] += A[:, j:j + RB]^T @ panel (M rows of 64): A [M, n] read
+// in place, RB neighbouring floats of each of its rows broadcast in turn.
+template <int RB>
+inline void ColsPanelTile(const float* A, int64_t lda, int64_t j, int64_t M, const float* panel, float* C,
+                          int64_t ldc, int64_t c) {
+  v16 acc[RB][4];
+  for (int r = 0; r < RB; ++r)
+    for (int q = 0; q < 4; ++q) acc[r][q] = Load(C + (j + r) * ldc + c + 16 * q);
+  const float* a = A + j;
+  for (int64_t i = 0; i < M; ++i) {
+    const float* b = panel + i * 64;
+    const v16 b0 = Load(b), b1 = Load(b + 16), b2 = Load(b + 32), b3 = Load(b + 48);
+    for (int r = 0; r < RB; ++r) {
+      const float x = a[i * lda + r];
+      acc[r][0] += x * b0;
+      acc[r][1] += x * b1;
+      acc[r][2] += x * b2;
+      acc[r][3] += x * b3;
+    }
+  }
+  for (int r = 0; r < RB; ++r)
+    for (int q = 0; q < 4; ++q) Store(C + (j + r) * ldc + c + 16 * q, acc[r][q]);
+}
+
+// C[j, 0:W] += sum_{i < M} A[i, j] B[i, 0:W] for j < n (W % 64 == 0): A [M, n] (row stride lda)
+// and B [M, W] (row stride ldb) are row-major; B goes through bp (W M floats) as panels
+// [W/64][M][64] so it streams contiguously; C rows 6 at a time while 6 are left, then 4, 2, 1.
+inline void ColsTimesRowsPacked(const float* A, int64_t lda, int64_t M, int64_t n, const float* B, int64_t ldb,
+                                int64_t W, float* C, int64_t ldc, float* bp) {
   PackPanels(B, ldb, M, W, W, bp);
   for (int64_t c = 0; c < W; c += 64) {
     const float* panel = bp + c * M;
     int64_t j = 0;
-    for (; j + 6 <= n; j += 6) RowsPanelTile<6>(at, M, j, M, panel, C, ldc, c, true);
-    if (j + 4 <= n) RowsPanelTile<4>(at, M, j, M, panel, C, ldc, c, true), j += 4;
-    for (; j < n; j += 2) RowsPanelTile<2>(at, M, j, M, panel, C, ldc, c, true);
+    for (; j + 6 <= n; j += 6) ColsPanelTile<6>(A, lda, j, M, panel, C, ldc, c);
+    if (j + 4 <= n) ColsPanelTile<4>(A, lda, j, M, panel, C, ldc, c), j += 4;
+    for (; j + 2 <= n; j += 2) ColsPanelTile<2>(A, lda, j, M, panel, C, ldc, c);
+    if (j < n) ColsPanelTile<1>(A, lda, j, M, panel, C, ldc, c);
   }
-}
-
-// The same with A [M, n] given (row stride lda), transposed into scratch first.
-inline void ColsTimesRowsPacked(const float* A, int64_t lda, int64_t M, int64_t n, const float* B, int64_t ldb,
-                                int64_t W, float* C, int64_t ldc, Floats& scratch) {
-  scratch.resize(n * M + W * M);
-  Transpose(A, lda, M, n, scratch.data(), M);
-  TransposedTimesRowsPacked(scratch.data(), M, n, B, ldb, W, C, ldc, scratch.data() + n * M);
 }
 
 // Runs work(u) for u < n on this thread and XLA's intra-op pool; returns when all are done.

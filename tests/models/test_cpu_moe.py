@@ -54,8 +54,9 @@ def _dense(x, ids, weights, wg, wu, wd, keep):
     return jnp.einsum("ted,te->td", y, w_TE)
 
 
+# (600, 2, 2, ...): ~600 rows an expert, several of the kernel's row chunks forward (192) and backward (256)
 @pytest.mark.parametrize("T,K,E,D,F,cap", [(50, 2, 4, 64, 128, 50), (300, 2, 8, 128, 64, 40),
-                                           (129, 3, 5, 64, 64, 129)])
+                                           (129, 3, 5, 64, 64, 129), (600, 2, 2, 64, 128, 600)])
 def test_kernel_matches_references(T, K, E, D, F, cap):
     x, ids, weights, wg, wu, wd, cot = _inputs(T, K, E, D, F, T)
     if T == 129:
