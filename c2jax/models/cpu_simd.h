@@ -139,20 +139,21 @@ inline void PackPanels(const float* src, int64_t ld, int64_t K, int64_t N, int64
   }
 }
 
-// Rows [r, r + RB) of C[:, c:c + 64] = (or +=) A @ panel (K rows of 64).
-template <int RB>
+// Rows [r, r + RB) of C[:, c:c + 64] = (or +=) A @ panel (K rows of 64). kAColumns: the tile's
+// rows are columns [r, r + RB) of A [K, ...] instead of rows of A [..., K] (A^T @ panel, A read in
+// place: RB neighbouring floats of each of its rows broadcast in turn).
+template <int RB, bool kAColumns = false>
 inline void RowsPanelTile(const float* A, int64_t lda, int64_t r, int64_t K, const float* panel, float* C,
                           int64_t ldc, int64_t c, bool accumulate = false) {
-  v16 acc[RB][4] = {};
-  if (accumulate)
-    for (int i = 0; i < RB; ++i)
-      for (int j = 0; j < 4; ++j) acc[i][j] = Load(C + (r + i) * ldc + c + 16 * j);
-  const float* a = A + r * lda;
+  v16 acc[RB][4];
+  for (int i = 0; i < RB; ++i)
+    for (int j = 0; j < 4; ++j) acc[i][j] = accumulate ? Load(C + (r + i) * ldc + c + 16 * j) : v16{};
+  const float* a = kAColumns ? A + r : A + r * lda;
   for (int64_t kk = 0; kk < K; ++kk) {
     const float* b = panel + kk * 64;
     const v16 b0 = Load(b), b1 = Load(b + 16), b2 = Load(b + 32), b3 = Load(b + 48);
     for (int i = 0; i < RB; ++i) {
-      const float x = a[i * lda + kk];
+      const float x = kAColumns ? a[kk * lda + i] : a[i * lda + kk];
       acc[i][0] += x * b0;
       acc[i][1] += x * b1;
       acc[i][2] += x * b2;
@@ -164,57 +165,28 @@ inline void RowsPanelTile(const float* A, int64_t lda, int64_t r, int64_t K, con
 }
 
 // C[m, 0:N] = (or +=) A[m, 0:K] @ X[0:K, 0:N] for m < M, X packed by PackPanels with Kp >= K rows
-// (N % 64 == 0); rows 6 at a time (24 accumulators) while 6 are left, then 4, 2, 1.
+// (N % 64 == 0); rows 6 at a time (24 accumulators) while 6 are left, then 4, 2, 1. kAColumns:
+// A[m, k] is A[k lda + m] (the product is A^T @ X for a row-major A [K, M]).
+template <bool kAColumns = false>
 inline void RowsTimesPacked(const float* A, int64_t lda, int64_t M, int64_t K, const float* Xp, int64_t Kp,
                             int64_t N, float* C, int64_t ldc, bool accumulate = false) {
   for (int64_t c = 0; c < N; c += 64) {
     const float* panel = Xp + c * Kp;
     int64_t r = 0;
-    for (; r + 6 <= M; r += 6) RowsPanelTile<6>(A, lda, r, K, panel, C, ldc, c, accumulate);
-    if (r + 4 <= M) RowsPanelTile<4>(A, lda, r, K, panel, C, ldc, c, accumulate), r += 4;
-    for (; r + 2 <= M; r += 2) RowsPanelTile<2>(A, lda, r, K, panel, C, ldc, c, accumulate);
-    if (r < M) RowsPanelTile<1>(A, lda, r, K, panel, C, ldc, c, accumulate);
+    for (; r + 6 <= M; r += 6) RowsPanelTile<6, kAColumns>(A, lda, r, K, panel, C, ldc, c, accumulate);
+    if (r + 4 <= M) RowsPanelTile<4, kAColumns>(A, lda, r, K, panel, C, ldc, c, accumulate), r += 4;
+    for (; r + 2 <= M; r += 2) RowsPanelTile<2, kAColumns>(A, lda, r, K, panel, C, ldc, c, accumulate);
+    if (r < M) RowsPanelTile<1, kAColumns>(A, lda, r, K, panel, C, ldc, c, accumulate);
   }
-}
-
-// Rows [j, j + RB) of C[:, c:c + 64] += A[:, j:j + RB]^T @ panel (M rows of 64): A [M, n] read
-// in place, RB neighbouring floats of each of its rows broadcast in turn.
-template <int RB>
-inline void ColsPanelTile(const float* A, int64_t lda, int64_t j, int64_t M, const float* panel, float* C,
-                          int64_t ldc, int64_t c) {
-  v16 acc[RB][4];
-  for (int r = 0; r < RB; ++r)
-    for (int q = 0; q < 4; ++q) acc[r][q] = Load(C + (j + r) * ldc + c + 16 * q);
-  const float* a = A + j;
-  for (int64_t i = 0; i < M; ++i) {
-    const float* b = panel + i * 64;
-    const v16 b0 = Load(b), b1 = Load(b + 16), b2 = Load(b + 32), b3 = Load(b + 48);
-    for (int r = 0; r < RB; ++r) {
-      const float x = a[i * lda + r];
-      acc[r][0] += x * b0;
-      acc[r][1] += x * b1;
-      acc[r][2] += x * b2;
-      acc[r][3] += x * b3;
-    }
-  }
-  for (int r = 0; r < RB; ++r)
-    for (int q = 0; q < 4; ++q) Store(C + (j + r) * ldc + c + 16 * q, acc[r][q]);
 }
 
 // C[j, 0:W] += sum_{i < M} A[i, j] B[i, 0:W] for j < n (W % 64 == 0): A [M, n] (row stride lda)
 // and B [M, W] (row stride ldb) are row-major; B goes through bp (W M floats) as panels
-// [W/64][M][64] so it streams contiguously; C rows 6 at a time while 6 are left, then 4, 2, 1.
+// [W/64][M][64] so it streams contiguously, A is read in place.
 inline void ColsTimesRowsPacked(const float* A, int64_t lda, int64_t M, int64_t n, const float* B, int64_t ldb,
                                 int64_t W, float* C, int64_t ldc, float* bp) {
   PackPanels(B, ldb, M, W, W, bp);
-  for (int64_t c = 0; c < W; c += 64) {
-    const float* panel = bp + c * M;
-    int64_t j = 0;
-    for (; j + 6 <= n; j += 6) ColsPanelTile<6>(A, lda, j, M, panel, C, ldc, c);
-    if (j + 4 <= n) ColsPanelTile<4>(A, lda, j, M, panel, C, ldc, c), j += 4;
-    for (; j + 2 <= n; j += 2) ColsPanelTile<2>(A, lda, j, M, panel, C, ldc, c);
-    if (j < n) ColsPanelTile<1>(A, lda, j, M, panel, C, ldc, c);
-  }
+  RowsTimesPacked<true>(A, lda, n, M, bp, M, W, C, ldc, true);
 }
 
 // Runs work(u) for u < n on this thread and XLA's intra-op pool; returns when all are done.
