@@ -125,10 +125,13 @@ inline void Transpose(const float* src, int64_t lds, int64_t rows, int64_t cols,
 // Packed panels of X [K, N]: [Np/64][K][64] (Np a multiple of 64, columns N..Np zero), so a
 // product streams each 64-column panel contiguously (rows of a [512, 512] matrix lie 2 KB apart
 // and fall into a few L1 sets). X[k][n] = src[k ld + n], or src[n ld + k] when transposed.
+// panel_rows > K: panels [Np/64][panel_rows][64] of which this fills the first K rows (two packs
+// at row offsets 0 and K stack two matrices along K, for one product over both).
 inline void PackPanels(const float* src, int64_t ld, int64_t K, int64_t N, int64_t Np, float* dst,
-                       bool transposed = false) {
+                       bool transposed = false, int64_t panel_rows = 0) {
+  if (panel_rows < K) panel_rows = K;
   for (int64_t c = 0; c < Np; c += 64) {
-    float* panel = dst + c * K;
+    float* panel = dst + c * panel_rows;
     const int64_t w = std::clamp<int64_t>(N - c, 0, 64);
     if (w < 64) std::memset(panel, 0, sizeof(float) * K * 64);
     if (transposed) {

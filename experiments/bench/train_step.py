@@ -194,15 +194,16 @@ def main(argv=None) -> int:
     tokens = B * L
     ours_step = statistics.median(ours_times)
     ours_tps = tokens / ours_step
-    rows = [("c2jax (JAX/XLA)", ours_tps, ours_step, min(ours_times), fpt * ours_tps / peak)]
     paired = [fpt * tokens / (t * max(p)) for t, p in zip(ours_times, step_peaks)]
+    rows = [("c2jax (JAX/XLA)", ours_tps, ours_step, min(ours_times), fpt * ours_tps / peak,
+             f"{100 * statistics.median(paired):.1f}% / {100 * max(paired):.1f}%")]
     peer_tps = peer_best = None
     if peer_runs:
         peer_times = [s for p in peer_runs for s in p["step_s"]]
         peer_step, peer_best = statistics.median(peer_times), min(peer_times)
         peer_tps = tokens / peer_step
         rows.append((f"HF peer ({peer_runs[0]['framework']}, {peer_runs[0]['threads']} threads)",
-                     peer_tps, peer_step, peer_best, fpt * peer_tps / peak))
+                     peer_tps, peer_step, peer_best, fpt * peer_tps / peak, "n/a"))
     load = os.getloadavg()[0]
     from c2jax.models import cpu_kernels
     with activate(cfg, mesh):
@@ -216,9 +217,8 @@ def main(argv=None) -> int:
         "| impl | tokens/s (median step) | step ms: median / best | MFU strict (median / best) "
         "| MFU paired (median / best) | vs peer: median / best |",
         "|---|---|---|---|---|---|"]
-    for i, (name, tps, st, best, mfu) in enumerate(rows):
+    for name, tps, st, best, mfu, pair in rows:
         ratio = f"{tps / peer_tps:.2f}x / {peer_best / best:.2f}x" if peer_tps else "n/a"
-        pair = f"{100 * statistics.median(paired):.1f}% / {100 * max(paired):.1f}%" if i == 0 else "n/a"
         lines.append(f"| {name} | {tps:.0f} | {st * 1e3:.0f} / {best * 1e3:.0f} | {100 * mfu:.1f}% / "
                      f"{100 * mfu * st / best:.1f}% | {pair} | {ratio} |")
     lines += [
