@@ -38,10 +38,12 @@ def test_retained_memory_stops_page_faults_per_execution():
     default, retain = _run("default"), _run("retain")
     assert default["state"] == "malloc left alone: C2JAX_HOST_MALLOC=default"
     assert retain["state"].endswith("freed memory retained"), retain["state"]
-    # 64 MB of fresh pages is 16k faults a call under glibc's defaults. Retained, the heap
-    # settles within a few calls (at most one of these six has been seen to grow it)
+    # 64 MB of fresh pages is 16k faults a call under glibc's defaults: every call faults. Retained,
+    # the heap settles within a few calls; with another test process beside this one (make test's
+    # two xdist workers) and the kernel reclaiming idle pages, two of six have been seen to fault
+    # 16k again, so the claim is that most calls fault nothing, where without retention none does
     assert min(default["faults"]) > 10_000, default
-    assert sum(retain["faults"]) < 25_000, retain
+    assert sum(f < 1_000 for f in retain["faults"]) >= 4, retain
 
 
 def test_bad_mode_is_reported_not_applied(monkeypatch):
