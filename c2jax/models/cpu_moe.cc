@@ -3,7 +3,9 @@
 // expert takes its first `cap` assignments in token order; the rest (and ids outside [0, E))
 // contribute nothing.
 //
-// Layouts (row-major): x [T, D], ids / weights [T, K], w_gate / w_up [E, D, F], w_down [E, F, D].
+// Layouts (row-major): x [T, D], ids / weights [T, K], w_gate / w_up [N, E, D, F], w_down [N, E, F, D]:
+// stacks of N layers' weights, of which `layer` (int32 []) is used, read in place (a stacked
+// model's per-layer slices would otherwise be copied out for every call; N = 1 for one layer).
 // Assignment a = t * K + k. The kept assignments, grouped by expert in token order, are the
 // "sorted rows" (at most A); forward residuals are kept in that order, written by the products
 // in place: gu [A, 2F] (gate | up pre-activations) and y [A, D] (the expert's output row);
@@ -38,16 +40,22 @@ struct Shape {
 ffi::Error Fail(const char* msg) { return ffi::Error(ffi::ErrorCode::kInvalidArgument, msg); }
 
 ffi::Error CheckShape(ffi::Buffer<ffi::F32>& x, ffi::Buffer<ffi::S32>& ids, ffi::Buffer<ffi::F32>& weights,
-                      ffi::Buffer<ffi::F32>& wg, ffi::Buffer<ffi::F32>& wu, ffi::Buffer<ffi::F32>& wd, Shape* s) {
+                      ffi::Buffer<ffi::F32>& wg, ffi::Buffer<ffi::F32>& wu, ffi::Buffer<ffi::F32>& wd,
+                      ffi::Buffer<ffi::S32>& layer, Shape* s, int64_t* offset) {
   auto xd = x.dimensions(), id = ids.dimensions(), wdim = weights.dimensions();
   auto gd = wg.dimensions(), ud = wu.dimensions(), dd = wd.dimensions();
-  if (xd.size() != 2 || id.size() != 2 || wdim.size() != 2 || gd.size() != 3 || ud.size() != 3 || dd.size() != 3)
-    return Fail("expert ffn wants x [T, D], ids and weights [T, K], w_gate / w_up [E, D, F], w_down [E, F, D]");
-  s->T = xd[0], s->D = xd[1], s->K = id[1], s->E = gd[0], s->F = gd[2], s->A = s->T * s->K;
-  if (id[0] != s->T || wdim[0] != s->T || wdim[1] != s->K || gd[1] != s->D || ud[0] != s->E ||
-      ud[1] != s->D || ud[2] != s->F || dd[0] != s->E || dd[1] != s->F || dd[2] != s->D)
+  if (xd.size() != 2 || id.size() != 2 || wdim.size() != 2 || gd.size() != 4 || ud.size() != 4 || dd.size() != 4)
+    return Fail("expert ffn wants x [T, D], ids and weights [T, K], w_gate / w_up [N, E, D, F], w_down [N, E, F, D]");
+  s->T = xd[0], s->D = xd[1], s->K = id[1], s->E = gd[1], s->F = gd[3], s->A = s->T * s->K;
+  const int64_t N = gd[0];
+  if (id[0] != s->T || wdim[0] != s->T || wdim[1] != s->K || gd[2] != s->D || ud[0] != N || ud[1] != s->E ||
+      ud[2] != s->D || ud[3] != s->F || dd[0] != N || dd[1] != s->E || dd[2] != s->F || dd[3] != s->D)
     return Fail("expert ffn: shapes of x, ids, weights and the expert weights disagree");
   if (s->D % 64 || s->F % 64) return Fail("expert ffn: width and expert width must be multiples of 64");
+  if (layer.element_count() != 1) return Fail("expert ffn: layer must be an int32 scalar");
+  const int32_t l = layer.typed_data()[0];
+  if (l < 0 || l >= N) return Fail("expert ffn: layer index outside the stacked weights");
+  *offset = l * s->E * s->D * s->F;
   return ffi::Error::Success();
 }
 
@@ -83,13 +91,14 @@ inline v16 Sigmoid(v16 g) { return 1.0f / (1.0f + Exp(-g)); }
 
 ffi::Error Forward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> ids,
                    ffi::Buffer<ffi::F32> weights, ffi::Buffer<ffi::F32> wg, ffi::Buffer<ffi::F32> wu,
-                   ffi::Buffer<ffi::F32> wd, int64_t cap, ffi::ResultBuffer<ffi::F32> out,
+                   ffi::Buffer<ffi::F32> wd, ffi::Buffer<ffi::S32> layer, int64_t cap, ffi::ResultBuffer<ffi::F32> out,
                    ffi::ResultBuffer<ffi::F32> gu_res, ffi::ResultBuffer<ffi::F32> y_res) {
   Shape s;
-  if (auto e = CheckShape(x, ids, weights, wg, wu, wd, &s); e.failure()) return e;
+  int64_t off;
+  if (auto e = CheckShape(x, ids, weights, wg, wu, wd, layer, &s, &off); e.failure()) return e;
   const int64_t D = s.D, F = s.F, K = s.K;
   const float *xp = x.typed_data(), *cw = weights.typed_data();
-  const float *wgp = wg.typed_data(), *wup = wu.typed_data(), *wdp = wd.typed_data();
+  const float *wgp = wg.typed_data() + off, *wup = wu.typed_data() + off, *wdp = wd.typed_data() + off;
   float *gup = gu_res->typed_data(), *yp = y_res->typed_data(), *op = out->typed_data();
   std::vector<int64_t> start, rows, sorted;
   Route(s, ids.typed_data(), cap, &start, &rows, &sorted);
@@ -132,18 +141,20 @@ ffi::Error Forward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ff
 
 ffi::Error Backward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> ids,
                     ffi::Buffer<ffi::F32> weights, ffi::Buffer<ffi::F32> wg, ffi::Buffer<ffi::F32> wu,
-                    ffi::Buffer<ffi::F32> wd, ffi::Buffer<ffi::F32> gu_res, ffi::Buffer<ffi::F32> y_res,
+                    ffi::Buffer<ffi::F32> wd, ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::F32> gu_res,
+                    ffi::Buffer<ffi::F32> y_res,
                     ffi::Buffer<ffi::F32> dout, int64_t cap,
                     ffi::ResultBuffer<ffi::F32> dx, ffi::ResultBuffer<ffi::F32> dweights,
                     ffi::ResultBuffer<ffi::F32> dwg, ffi::ResultBuffer<ffi::F32> dwu, ffi::ResultBuffer<ffi::F32> dwd) {
   Shape s;
-  if (auto e = CheckShape(x, ids, weights, wg, wu, wd, &s); e.failure()) return e;
+  int64_t off;
+  if (auto e = CheckShape(x, ids, weights, wg, wu, wd, layer, &s, &off); e.failure()) return e;
   const int64_t D = s.D, F = s.F, K = s.K;
   if (gu_res.element_count() != static_cast<size_t>(s.A * 2 * F) ||
       y_res.element_count() != static_cast<size_t>(s.A * D) || dout.element_count() != static_cast<size_t>(s.T * D))
     return Fail("expert ffn backward: residuals gu [A, 2F], y [A, D] and dout [T, D] expected");
   const float *xp = x.typed_data(), *cw = weights.typed_data(), *dop = dout.typed_data();
-  const float *wgp = wg.typed_data(), *wup = wu.typed_data(), *wdp = wd.typed_data();
+  const float *wgp = wg.typed_data() + off, *wup = wu.typed_data() + off, *wdp = wd.typed_data() + off;
   const float *gup = gu_res.typed_data(), *yp = y_res.typed_data();
   float *dxp = dx->typed_data(), *dcw = dweights->typed_data();
   float *dwgp = dwg->typed_data(), *dwup = dwu->typed_data(), *dwdp = dwd->typed_data();
@@ -222,6 +233,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(C2jaxExpertFfnFwd, Forward,
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
                                   .Attr<int64_t>("cap")
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
@@ -236,6 +248,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(C2jaxExpertFfnBwd, Backward,
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()

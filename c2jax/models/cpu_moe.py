@@ -19,12 +19,25 @@ Letters: T tokens, K experts per token, A = T K assignments, E experts, D width,
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from c2jax.models import cpu_kernels
+
+
+class LayerExperts(NamedTuple):
+    """One layer's expert weights as a view into the stacks of all N layers (the scanned model's
+    params): the kernels read layer `layer` of w_gate / w_up [N, E, D, F] and w_down [N, E, F, D] in
+    place, where XLA would copy each layer's slice out for every call (~60 ms of the 89M bench's
+    step). Gradients still flow through the per-layer weights given beside it."""
+
+    w_gate_NEDF: jax.Array
+    w_up_NEDF: jax.Array
+    w_down_NEFD: jax.Array
+    layer: jax.Array  # int32 []
 
 
 def usable(x_TD, w_gate_EDF) -> str | None:
@@ -36,42 +49,60 @@ def usable(x_TD, w_gate_EDF) -> str | None:
     return cpu_kernels.training_unavailable()
 
 
-def expert_ffn(x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_down_EFD, cap: int):
+def expert_ffn(x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_down_EFD, cap: int,
+               stacked: LayerExperts | None = None):
     """float32 [T, D]: sum_k weights[t, k] * SwiGLU_{ids[t, k]}(x[t]) over the kept assignments
-    (each expert's first `cap` in token order; ids outside [0, E) add nothing)."""
+    (each expert's first `cap` in token order; ids outside [0, E) add nothing).
+
+    stacked: the same weights as a layer of the stacks they were sliced from; the kernels then
+    read the stacks and the per-layer weights only carry the gradients (their values are unused)."""
     why = usable(x_TD, w_gate_EDF)
     if why:
         raise RuntimeError(f"the CPU expert kernel cannot run: {why}")
+    if stacked is None:
+        stacks = (w_gate_EDF[None], w_up_EDF[None], w_down_EFD[None])
+        layer = jnp.zeros((), jnp.int32)
+    else:
+        stacks = (stacked.w_gate_NEDF, stacked.w_up_NEDF, stacked.w_down_NEFD)
+        layer = jnp.asarray(stacked.layer, jnp.int32).reshape(())
+        for s, w in zip(stacks, (w_gate_EDF, w_up_EDF, w_down_EFD)):
+            if s.shape[1:] != w.shape or s.dtype != w.dtype:
+                raise ValueError(f"stacked expert weights {s.shape} {s.dtype} do not hold layers of "
+                                 f"{w.shape} {w.dtype}")
+    stacks = tuple(jax.lax.stop_gradient(s) for s in stacks)
     return _ffn(x_TD, ids_TK.astype(jnp.int32), weights_TK.astype(jnp.float32), w_gate_EDF, w_up_EDF, w_down_EFD,
-                int(cap))
+                *stacks, layer, int(cap))
 
 
-def _fwd_call(x, ids, weights, wg, wu, wd, cap):
+def _fwd_call(x, ids, weights, sg, su, sd, layer, cap):
     T, D = x.shape
-    A, F = ids.size, wg.shape[-1]
+    A, F = ids.size, sg.shape[-1]
     f32 = jnp.float32
     shapes = (jax.ShapeDtypeStruct((T, D), f32), jax.ShapeDtypeStruct((A, 2 * F), f32),
               jax.ShapeDtypeStruct((A, D), f32))
     return jax.ffi.ffi_call(cpu_kernels.EXPERT_FWD, shapes, vmap_method="sequential")(
-        x, ids, weights, wg, wu, wd, cap=np.int64(cap))
+        x, ids, weights, sg, su, sd, layer, cap=np.int64(cap))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
-def _ffn(x, ids, weights, wg, wu, wd, cap):
-    return _fwd_call(x, ids, weights, wg, wu, wd, cap)[0]
+# wg, wu, wd: the differentiable per-layer weights, never read (the kernels read sg, su, sd at layer)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(10,))
+def _ffn(x, ids, weights, wg, wu, wd, sg, su, sd, layer, cap):
+    return _fwd_call(x, ids, weights, sg, su, sd, layer, cap)[0]
 
 
-def _ffn_fwd(x, ids, weights, wg, wu, wd, cap):
-    out, gu, y = _fwd_call(x, ids, weights, wg, wu, wd, cap)
-    return out, (x, ids, weights, wg, wu, wd, gu, y)
+def _ffn_fwd(x, ids, weights, wg, wu, wd, sg, su, sd, layer, cap):
+    out, gu, y = _fwd_call(x, ids, weights, sg, su, sd, layer, cap)
+    return out, (x, ids, weights, sg, su, sd, layer, gu, y)
 
 
 def _ffn_bwd(cap, res, dout):
-    x, ids, weights, wg, wu, wd, gu, y = res
-    shapes = tuple(jax.ShapeDtypeStruct(a.shape, jnp.float32) for a in (x, weights, wg, wu, wd))
+    x, ids, weights, sg, su, sd, layer, gu, y = res
+    f32 = jnp.float32
+    shapes = tuple(jax.ShapeDtypeStruct(a.shape, f32) for a in (x, weights)) + tuple(
+        jax.ShapeDtypeStruct(a.shape[1:], f32) for a in (sg, su, sd))
     dx, dweights, dwg, dwu, dwd = jax.ffi.ffi_call(cpu_kernels.EXPERT_BWD, shapes, vmap_method="sequential")(
-        x, ids, weights, wg, wu, wd, gu, y, dout.astype(jnp.float32), cap=np.int64(cap))
-    return dx, None, dweights, dwg, dwu, dwd
+        x, ids, weights, sg, su, sd, layer, gu, y, dout.astype(f32), cap=np.int64(cap))
+    return dx, None, dweights, dwg, dwu, dwd, None, None, None, None
 
 
 _ffn.defvjp(_ffn_fwd, _ffn_bwd)

@@ -291,18 +291,19 @@ def _split_local(x_TD, ids_TK, weights_TK, experts):
 MIN_DROPLESS_CAPACITY = 64
 
 
-def capacity_dispatch(x_TD, ids_TK, weights_TK, w_gate, w_up, w_down, capacity_factor):
+def capacity_dispatch(x_TD, ids_TK, weights_TK, w_gate, w_up, w_down, capacity_factor, stacked=None):
     """Capacity-based: each expert takes its first C assignments (in token order); assignments past
     capacity are dropped (their fraction is returned). On CPU the kept rows are packed into
     expert-aligned blocks and only the occupied blocks are computed (no padding to C); elsewhere
-    they are gathered into [E, C, D] for one batched einsum."""
+    they are gathered into [E, C, D] for one batched einsum. stacked: cpu_moe.LayerExperts, the
+    same weights as a layer of their stacks (read in place by the CPU kernel)."""
     T, K = ids_TK.shape
     E = w_gate.shape[0]
     # Small token counts (decode steps) get cap = T: dropless, so decoding stays exact and
     # batch-invariant; large ones get the configured factor.
     cap = min(T, max(int(math.ceil(capacity_factor * T * K / E)), MIN_DROPLESS_CAPACITY))
     if cpu_moe.usable(x_TD, w_gate) is None:
-        out = cpu_moe.expert_ffn(x_TD, ids_TK, weights_TK, w_gate, w_up, w_down, cap)
+        out = cpu_moe.expert_ffn(x_TD, ids_TK, weights_TK, w_gate, w_up, w_down, cap, stacked=stacked)
         n_E = jnp.zeros((E,), jnp.int32).at[ids_TK.reshape(-1)].add(1, mode="drop")
         dropped = jnp.sum(jnp.maximum(n_E - cap, 0)) / (T * K)   # each expert drops past its first cap
         return out.astype(x_TD.dtype), dropped.astype(jnp.float32)
@@ -527,7 +528,9 @@ class MoE(nn.Module):
     cfg: object
 
     @nn.compact
-    def __call__(self, x_BLD, forced_ids_BLK=None):
+    def __call__(self, x_BLD, forced_ids_BLK=None, stacked=None):
+        """stacked: cpu_moe.LayerExperts, this layer's expert weights as a layer of the scanned
+        model's stacks (the CPU kernel reads them in place); None elsewhere."""
         m = self.cfg
         dt, pdt = dtype_of(m.dtype), dtype_of(m.param_dtype)
         B, L, D = x_BLD.shape
@@ -547,7 +550,7 @@ class MoE(nn.Module):
             # per-expert weight buffers stored by c2jax.sampling.unrolled (the CPU decode path)
             y_TD, dropped = split_dispatch(x_TD, ids_TK, weights_TK, self.get_variable("params", "experts"))
         else:
-            y_TD, dropped = self._dispatch(x_TD, ids_TK, weights_TK, B, L)
+            y_TD, dropped = self._dispatch(x_TD, ids_TK, weights_TK, B, L, stacked)
         y_BLD = y_TD.reshape(B, L, D)
         if m.num_shared_experts:
             y_BLD = y_BLD + MLP(F * m.num_shared_experts, dt, pdt, m.init_std, name="shared")(x_BLD)
@@ -564,7 +567,7 @@ class MoE(nn.Module):
         }
         return y_BLD.astype(x_BLD.dtype), aux
 
-    def _dispatch(self, x_TD, ids_TK, weights_TK, B, L):
+    def _dispatch(self, x_TD, ids_TK, weights_TK, B, L, stacked=None):
         """Routed experts over the stacked [E, ...] weights (declared here): EP, gather, grouped or
         capacity dispatch. Returns (y_TD, dropped fraction)."""
         m = self.cfg
@@ -592,5 +595,8 @@ class MoE(nn.Module):
         elif prequant or resolve_dispatch(m) == "grouped":
             y_TD, dropped = grouped_dispatch(x_TD, ids_TK, weights_TK, w_gate, w_up, w_down, m.quant)
         else:
-            y_TD, dropped = capacity_dispatch(x_TD, ids_TK, weights_TK, w_gate, w_up, w_down, m.capacity_factor)
+            if stacked is not None and (stacked.w_gate_NEDF.dtype != w_gate.dtype or dt != pdt):
+                stacked = None   # the stacks hold the params, not the cast weights
+            y_TD, dropped = capacity_dispatch(x_TD, ids_TK, weights_TK, w_gate, w_up, w_down, m.capacity_factor,
+                                              stacked)
         return y_TD, dropped

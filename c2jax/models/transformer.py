@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from c2jax.models.attention import GQAAttention, MLAAttention, init_layer_cache
+from c2jax.models.cpu_moe import LayerExperts
 from c2jax.models.layers import MLP, Linear, RMSNorm, dtype_of
 from c2jax.models.moe import MoE
 from c2jax.parallel.embed import embed_lookup
@@ -39,7 +40,7 @@ class Block(nn.Module):
     span: int | None = None
 
     @nn.compact
-    def __call__(self, x_BLD, positions_BL, segment_ids_BL, forced_ids_BLK=None, cache=None):
+    def __call__(self, x_BLD, positions_BL, segment_ids_BL, forced_ids_BLK=None, cache=None, stacked=None):
         m = self.cfg
         pdt = dtype_of(m.param_dtype)
         attn_cls = MLAAttention if m.attention == "mla" else GQAAttention
@@ -48,7 +49,7 @@ class Block(nn.Module):
         x_BLD = nn.with_logical_constraint(x_BLD + a, ("batch", "length", "embed"))
         h = RMSNorm(m.rms_norm_eps, "embed", pdt, name="mlp_norm")(x_BLD)
         if self.moe:
-            y, aux = MoE(m, name="moe")(h, forced_ids_BLK)
+            y, aux = MoE(m, name="moe")(h, forced_ids_BLK, stacked)
         else:
             y, aux = MLP(m.intermediate_size, dtype_of(m.dtype), pdt, m.init_std, name="mlp")(h), {}
         x_BLD = nn.with_logical_constraint(x_BLD + y, ("batch", "length", "embed"))
@@ -56,26 +57,28 @@ class Block(nn.Module):
 
 
 class ScanBody(nn.Module):
-    """One layer as a scan body: carry x, per-layer inputs (forced ids, cache)."""
+    """One layer as a scan body: carry x, per-layer inputs (forced ids, cache, layer index); the
+    MoE layers' stacked expert weights (or None) broadcast to every layer."""
 
     cfg: Any
     moe: bool
 
     @nn.compact
-    def __call__(self, x_BLD, per_layer, positions_BL, segment_ids_BL):
-        forced, cache = per_layer
+    def __call__(self, x_BLD, per_layer, positions_BL, segment_ids_BL, expert_stacks=None):
+        forced, cache, layer = per_layer
         block = Block
         if self.cfg.remat == "full":
             block = nn.remat(Block, prevent_cse=False)
+        stacked = None if expert_stacks is None else LayerExperts(*expert_stacks, layer)
         x_BLD, aux, new_cache = block(self.cfg, self.moe, name="block")(
-            x_BLD, positions_BL, segment_ids_BL, forced, cache)
+            x_BLD, positions_BL, segment_ids_BL, forced, cache, stacked)
         return x_BLD, (aux, new_cache)
 
 
 def _stack(cfg, moe: bool, n: int, name: str):
     return nn.scan(
         ScanBody, variable_axes={"params": 0}, split_rngs={"params": True},
-        in_axes=(0, nn.broadcast, nn.broadcast), length=n, unroll=min(cfg.scan_unroll, n),
+        in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast), length=n, unroll=min(cfg.scan_unroll, n),
         metadata_params={nn.PARTITION_NAME: "layers"},
     )(cfg, moe, name=name)
 
@@ -144,11 +147,13 @@ class Transformer(nn.Module):
         cache = cache or {}
         if n_dense:
             x, (_, c) = _stack(m, False, n_dense, "dense_layers")(
-                x, (None, cache.get("dense")), positions_BL, segment_ids_BL)
+                x, (None, cache.get("dense"), jnp.arange(n_dense, dtype=jnp.int32)), positions_BL, segment_ids_BL,
+                None)
             new_cache["dense"] = c
         if n_moe:
             x, (moe_aux, c) = _stack(m, True, n_moe, "moe_layers")(
-                x, (forced_ids_NBLK, cache.get("moe")), positions_BL, segment_ids_BL)
+                x, (forced_ids_NBLK, cache.get("moe"), jnp.arange(n_moe, dtype=jnp.int32)), positions_BL,
+                segment_ids_BL, self._expert_stacks())
             new_cache["moe"] = c
             aux.update(moe_aux)
         hidden_BLD = x
@@ -177,6 +182,17 @@ class Transformer(nn.Module):
                 mtp_logits.append(logits_of(h))
             aux["mtp_logits"] = jnp.stack(mtp_logits)
         return logits, aux, (new_cache if cache else None)
+
+    def _expert_stacks(self):
+        """The MoE layers' stacked (w_gate, w_up, w_down) params, for the CPU expert kernel to read
+        a layer in place (cpu_moe.LayerExperts); None at init or when they are not plain arrays."""
+        if self.is_initializing():
+            return None
+        moe = self.variables.get("params", {}).get("moe_layers", {}).get("block", {}).get("moe", {})
+        ws = tuple(moe.get(k) for k in ("w_gate", "w_up", "w_down"))
+        if not all(isinstance(w, jax.Array) and w.ndim == 4 for w in ws):
+            return None   # absent, or pre-quantized (c2jax.sampling.quantized)
+        return ws
 
 
 # ----------------------------------------------------------------------------- functional API

@@ -79,7 +79,7 @@ def test_capacity_dispatch_takes_the_kernel_and_reports_drops_like_xla(monkeypat
     x, ids, weights, wg, wu, wd, _ = _inputs(300, 2, 8, 128, 64, 1)
     calls = []
     real = cpu_moe.expert_ffn
-    monkeypatch.setattr(cpu_moe, "expert_ffn", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(cpu_moe, "expert_ffn", lambda *a, **k: calls.append(1) or real(*a, **k))
     out, dropped = moe.capacity_dispatch(x, ids, weights, wg, wu, wd, 1.0)
     assert calls and float(dropped) > 0
     monkeypatch.setattr(cpu_moe, "usable", lambda *a: "off for the reference")
@@ -95,7 +95,38 @@ def test_refusals():
     with pytest.raises(RuntimeError, match="cannot run: activations or expert weights are not float32"):
         cpu_moe.expert_ffn(x, ids, weights, wg.astype(jnp.bfloat16), wu, wd, 20)
     with pytest.raises(Exception, match="shapes of x, ids, weights and the expert weights disagree"):
-        cpu_moe._ffn(x, ids, weights, wg, wu, wd[:, :, :32], 20)   # the FFI call's own check
+        cpu_moe._ffn(x, ids, weights, wg, wu, wd, wg[None], wu[None], wd[None, :, :, :32], jnp.int32(0),
+                     20)   # the FFI call's own check
+    with pytest.raises(Exception, match="layer index outside the stacked weights"):
+        cpu_moe._ffn(x, ids, weights, wg, wu, wd, wg[None], wu[None], wd[None], jnp.int32(1), 20)
+    with pytest.raises(ValueError, match="do not hold layers of"):
+        cpu_moe.expert_ffn(x, ids, weights, wg, wu, wd, 20,
+                           stacked=cpu_moe.LayerExperts(wg[None], wu[None], wd[None, :, :32], jnp.int32(0)))
+
+
+def test_stacked_weights_read_in_place():
+    """A layer of stacked weights (the scanned model's params) gives what the layer's own weights
+    give, outputs and gradients; the per-layer weights' values are not read."""
+    x, ids, weights, wg, wu, wd, cot = _inputs(300, 2, 4, 64, 128, 7)
+    rng = np.random.default_rng(1)
+    others = [jnp.asarray(rng.standard_normal((2,) + w.shape) * 0.05, jnp.float32) for w in (wg, wu, wd)]
+    stacks = [jnp.concatenate([o[:1], w[None], o[1:]]) for o, w in zip(others, (wg, wu, wd))]   # layer 1 of 3
+
+    def loss_stacked(x, weights, wg, wu, wd):
+        view = cpu_moe.LayerExperts(*stacks, jnp.int32(1))
+        # other values, the same gradient: the per-layer values must not matter
+        junk = lambda w: w + jax.lax.stop_gradient(jnp.full_like(w, 3.0) - w)  # noqa: E731
+        return jnp.sum(cpu_moe.expert_ffn(x, ids, weights, junk(wg), junk(wu), junk(wd), 150, stacked=view) * cot)
+
+    def loss_layer(x, weights, wg, wu, wd):
+        return jnp.sum(cpu_moe.expert_ffn(x, ids, weights, wg, wu, wd, 150) * cot)
+
+    l_s, g_s = jax.jit(jax.value_and_grad(loss_stacked, argnums=(0, 1, 2, 3, 4)))(x, weights, wg, wu, wd)
+    l_l, g_l = jax.jit(jax.value_and_grad(loss_layer, argnums=(0, 1, 2, 3, 4)))(x, weights, wg, wu, wd)
+    assert float(l_s) == float(l_l)
+    for a, b in zip(g_s, g_l):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert float(jnp.abs(g_s[2]).max()) > 0   # the gradients reach the per-layer weights
 
 
 def test_training_loss_and_grads_equal_with_cpu_kernels_off(monkeypatch):
@@ -118,12 +149,14 @@ def test_training_loss_and_grads_equal_with_cpu_kernels_off(monkeypatch):
         logits = model.apply({"params": p}, ids, pos, seg)[0]
         return jnp.mean(jax.nn.logsumexp(logits.astype(jnp.float32), -1))
 
-    calls = []
+    calls, stacked = [], []
     for mod, name in ((cpu_moe, "expert_ffn"), (cpu_attention, "causal_attention")):
         real = getattr(mod, name)
-        monkeypatch.setattr(mod, name, lambda *a, real=real, name=name: calls.append(name) or real(*a))
+        monkeypatch.setattr(mod, name, lambda *a, real=real, name=name, **k: calls.append(name) or stacked.append(
+            k.get("stacked")) or real(*a, **k))
     l_ker, g_ker = jax.value_and_grad(loss)(params)
     assert set(calls) == {"expert_ffn", "causal_attention"}, "the training forward did not use both kernels"
+    assert any(v is not None for v in stacked), "the scanned MoE layers did not pass their stacked weights"
     monkeypatch.setattr(cpu_moe, "usable", lambda *a: "off for the reference")
     monkeypatch.setattr(cpu_attention, "usable", lambda *a: "off for the reference")
     l_xla, g_xla = jax.value_and_grad(loss)(params)
