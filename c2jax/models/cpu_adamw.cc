@@ -4,7 +4,9 @@
 //
 // coef (float32 [7], computed in JAX): apply (0: leave p, m, v as they are), clip (1: g is scaled
 // by max_norm / g_norm), g_norm, max_norm, 1 - b1^t, 1 - b2^t, step (-learning rate).
-// p, m and v are aliased to the outputs, so "leave" means return at once.
+// p, m and v are aliased to the outputs, so "leave" means return at once. g may be one layer of
+// stacked p, m, v: it updates their elements [offset, offset + size of g) (the layer's gradient is
+// then read where the backward wrote it, never concatenated with the other layers').
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -44,12 +46,15 @@ inline float SqrtS(float x) { return std::sqrt(x); }
 
 ffi::Error AdamW(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> p, ffi::Buffer<ffi::F32> g, ffi::Buffer<ffi::F32> m,
                  ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::F32> coef, double b1, double b2, double eps, double wd,
+                 int64_t offset,
                  ffi::ResultBuffer<ffi::F32> p_out, ffi::ResultBuffer<ffi::F32> m_out,
                  ffi::ResultBuffer<ffi::F32> v_out) {
-  const size_t n = p.element_count();
-  if (g.element_count() != n || m.element_count() != n || v.element_count() != n || coef.element_count() != 7)
+  const size_t size = p.element_count(), n = g.element_count();
+  if (m.element_count() != size || v.element_count() != size || coef.element_count() != 7)
     return ffi::Error(ffi::ErrorCode::kInvalidArgument,
-                      "adamw wants p, g, m, v of one size and coef [7] (apply, clip, g_norm, max_norm, bc1, bc2, step)");
+                      "adamw wants p, m, v of one size and coef [7] (apply, clip, g_norm, max_norm, bc1, bc2, step)");
+  if (offset < 0 || static_cast<size_t>(offset) + n > size)
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument, "adamw: g at offset runs past the end of p");
   if (p_out->typed_data() != p.typed_data() || m_out->typed_data() != m.typed_data() ||
       v_out->typed_data() != v.typed_data())  // "leave as they are" relies on it
     return ffi::Error(ffi::ErrorCode::kInvalidArgument, "adamw: p, m and v must be aliased to the outputs");
@@ -59,7 +64,7 @@ ffi::Error AdamW(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> p, ffi::Buffer<ffi:
   const Coef c{static_cast<float>(b1), static_cast<float>(1.0 - b1), static_cast<float>(b2),
                static_cast<float>(1.0 - b2), static_cast<float>(eps), static_cast<float>(wd), k[2], k[3], k[4], k[5],
                k[6], k[1] != 0.0f};
-  float *pp = p_out->typed_data(), *mp = m_out->typed_data(), *vp = v_out->typed_data();
+  float *pp = p_out->typed_data() + offset, *mp = m_out->typed_data() + offset, *vp = v_out->typed_data() + offset;
   const float* gp = g.typed_data();
   const int64_t units = static_cast<int64_t>((n + kUnit - 1) / kUnit);
   ParallelFor(pool, units, [&](int64_t u) {
@@ -89,6 +94,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(C2jaxAdamW, AdamW,
                                   .Attr<double>("b2")
                                   .Attr<double>("eps")
                                   .Attr<double>("wd")
+                                  .Attr<int64_t>("offset")
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());

@@ -19,6 +19,9 @@ from c2jax.models.moe import MoE
 from c2jax.parallel.embed import embed_lookup
 
 
+SCANNED_STACKS = ("dense_layers", "moe_layers")  # the params' layer-stacked subtrees (leading axis: layer)
+
+
 def model_cfg(cfg):
     """Accept either a full config (with .model) or a model config."""
     return cfg.model if hasattr(cfg, "model") and not hasattr(cfg, "hidden_size") else cfg
@@ -29,6 +32,13 @@ def layer_counts(m) -> tuple[int, int]:
     if m.num_experts == 0:
         return m.num_layers, 0
     return m.first_k_dense, m.num_layers - m.first_k_dense
+
+
+def unrolled_stacks(cfg) -> tuple[str, ...]:
+    """The SCANNED_STACKS compiled as straight-line code (scan_unroll >= their layer count): their
+    gradients are made layer by layer and concatenated, where a loop writes them in place."""
+    m = model_cfg(cfg)
+    return tuple(name for name, n in zip(SCANNED_STACKS, layer_counts(m)) if 0 < n <= m.scan_unroll)
 
 
 class Block(nn.Module):
@@ -146,12 +156,12 @@ class Transformer(nn.Module):
         aux, new_cache = {}, {}
         cache = cache or {}
         if n_dense:
-            x, (_, c) = _stack(m, False, n_dense, "dense_layers")(
+            x, (_, c) = _stack(m, False, n_dense, SCANNED_STACKS[0])(
                 x, (None, cache.get("dense"), jnp.arange(n_dense, dtype=jnp.int32)), positions_BL, segment_ids_BL,
                 None)
             new_cache["dense"] = c
         if n_moe:
-            x, (moe_aux, c) = _stack(m, True, n_moe, "moe_layers")(
+            x, (moe_aux, c) = _stack(m, True, n_moe, SCANNED_STACKS[1])(
                 x, (forced_ids_NBLK, cache.get("moe"), jnp.arange(n_moe, dtype=jnp.int32)), positions_BL,
                 segment_ids_BL, self._expert_stacks())
             new_cache["moe"] = c

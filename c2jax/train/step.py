@@ -14,7 +14,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from c2jax.models import forward, head_weight, update_router_bias
-from c2jax.models.transformer import model_cfg
+from c2jax.models.transformer import model_cfg, unrolled_stacks
 from c2jax.train import cpu_adamw
 from c2jax.train.head_loss import head_token_nll
 from c2jax.treepath import flatten_by_path, key_names
@@ -117,9 +117,10 @@ def total_loss(cfg, terms, total_weight, num_micro):
     return loss
 
 
-def apply_if_finite(optimizer, params, opt_state, grads, loss, after=None):
+def apply_if_finite(optimizer, params, opt_state, grads, loss, after=None, unrolled=()):
     """(new params, new optimizer state, finite, grad norm): the optimizer step (then `after` on
     the new params) when loss and gradients are finite, else params and state unchanged.
+    unrolled: the stacks whose gradients the fused step reads layer by layer (cpu_adamw.layers_of).
     make_optimizer's optimizer runs as the fused CPU kernel where it can (c2jax.train.cpu_adamw:
     same arithmetic, one pass, the gate inside); others, and other targets, as below.
 
@@ -127,11 +128,12 @@ def apply_if_finite(optimizer, params, opt_state, grads, loss, after=None):
     does a sum of squares past float32 range, where clipping would zero the update anyway). A
     cond, not a select per leaf: XLA runs one branch, so a good step makes no extra pass over
     params and optimizer state (~0.1 s a step on the 89M CPU bench)."""
-    grad_norm = optax.global_norm(grads)
-    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     train_cfg = getattr(optimizer, "train_cfg", None)
-    if train_cfg is not None and cpu_adamw.usable(params, opt_state) is None:
-        new_params, new_opt = cpu_adamw.apply(train_cfg, params, opt_state, grads, finite, grad_norm)
+    fused = train_cfg is not None and cpu_adamw.usable(params, opt_state) is None
+    grad_norm = cpu_adamw.global_norm(grads, unrolled) if fused else optax.global_norm(grads)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    if fused:
+        new_params, new_opt = cpu_adamw.apply(train_cfg, params, opt_state, grads, finite, grad_norm, unrolled)
         if after:  # only the leaves `after` replaced need the gate
             bumped = after(new_params)
             new_params = jax.tree.map(lambda b, n: n if b is n else jnp.where(finite, b, n), bumped, new_params)
@@ -184,7 +186,8 @@ def train_step(cfg, optimizer, state, batch):
     bias_load = jnp.sum(terms_all["expert_load"], axis=0) if "expert_load" in terms_all else None
     new_params, new_opt, finite, grad_norm = apply_if_finite(
         optimizer, state["params"], state["opt_state"], grads, loss,
-        after=None if bias_load is None else (lambda p: _apply_bias_update(cfg, p, bias_load)))
+        after=None if bias_load is None else (lambda p: _apply_bias_update(cfg, p, bias_load)),
+        unrolled=unrolled_stacks(cfg) if A == 1 else ())   # A > 1: the sum's loop makes whole stacks
     new_state = {"params": new_params, "opt_state": new_opt,
                  "step": state["step"] + 1, "rng": jax.random.fold_in(state["rng"], state["step"])}
     nll = jnp.sum(terms_all["nll_sum"]) / total_weight

@@ -26,7 +26,7 @@ def _params(rng):
     norm scale, and the frozen router bias."""
     f = lambda *s: jnp.asarray(rng.normal(size=s), jnp.float32)  # noqa: E731
     return {"embed": f(37, 8), "final_norm": {"scale": f(8)},
-            "layers": {"attn": {"kernel": f(3, 8, 24)}, "moe": {"w_up": f(3, 4, 8, 16), "router": f(3, 8, 4),
+            "moe_layers": {"attn": {"kernel": f(3, 8, 24)}, "moe": {"w_up": f(3, 4, 8, 16), "router": f(3, 8, 4),
                                                                 "router_bias": f(3, 4)}}}
 
 
@@ -52,8 +52,9 @@ def _close(a, b):
     jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=2e-6, atol=1e-7), a, b)
 
 
-@pytest.mark.parametrize("clip,scale", [(1.0, 0.01), (1.0, 1.0), (0.0, 1.0)])  # clip off, not hit, hit
-def test_steps_match_optax(clip, scale):
+@pytest.mark.parametrize("clip,scale,unrolled", [(1.0, 0.01, ()), (1.0, 1.0, ()), (0.0, 1.0, ()),
+                                                 (1.0, 1.0, ("moe_layers",))])  # clip not hit, hit, off; by layer
+def test_steps_match_optax(clip, scale, unrolled):
     rng = np.random.default_rng(0)
     t = _train_cfg(grad_clip=clip)
     opt = make_optimizer(t)
@@ -61,7 +62,11 @@ def test_steps_match_optax(clip, scale):
     ref_p, ref_s = params, opt.init(params)
     p, s = params, opt.init(params)
     assert cpu_adamw.usable(p, s) is None
-    fused = jax.jit(lambda p, s, g: cpu_adamw.apply(t, p, s, g, jnp.bool_(True)))
+    fused = jax.jit(lambda p, s, g: cpu_adamw.apply(t, p, s, g, jnp.bool_(True), unrolled=unrolled))
+    # one kernel call per trained leaf; per layer of the 3-layer stacks when unrolled (at offsets that
+    # are not multiples of 16: the attn kernel's layers are 192 long, the router's 32)
+    calls = fused.lower(p, s, _grads(rng, params, scale)).as_text().count(f"custom_call @{cpu_kernels.ADAMW}(")
+    assert calls == (2 + 3 * 3 if unrolled else 5)
     for _ in range(4):  # through warmup into the cosine decay, moments far from zero
         g = _grads(rng, params, scale)
         upd, ref_s = opt.update(g, ref_s, ref_p)
@@ -70,7 +75,7 @@ def test_steps_match_optax(clip, scale):
         _close(p, ref_p)
         _close(s, ref_s)
     assert jax.tree.structure(s) == jax.tree.structure(ref_s)
-    np.testing.assert_array_equal(p["layers"]["moe"]["router_bias"], params["layers"]["moe"]["router_bias"])
+    np.testing.assert_array_equal(p["moe_layers"]["moe"]["router_bias"], params["moe_layers"]["moe"]["router_bias"])
     assert not np.allclose(p["embed"], params["embed"])
 
 
@@ -92,8 +97,8 @@ def test_apply_if_finite_gates_after_on_the_fused_path():
     t, opt, params, state, g = _setup(2)
 
     def after(p):
-        moe = {**p["layers"]["moe"], "router_bias": p["layers"]["moe"]["router_bias"] + 1.0}
-        return {**p, "layers": {**p["layers"], "moe": moe}}
+        moe = {**p["moe_layers"]["moe"], "router_bias": p["moe_layers"]["moe"]["router_bias"] + 1.0}
+        return {**p, "moe_layers": {**p["moe_layers"], "moe": moe}}
     for loss, moved in ((1.0, True), (np.nan, False)):
         fused_fn = jax.jit(lambda p, s, g: apply_if_finite(opt, p, s, g, jnp.float32(loss), after))
         ref_fn = jax.jit(lambda p, s, g: apply_if_finite(_plain(opt), p, s, g, jnp.float32(loss), after))
@@ -101,8 +106,8 @@ def test_apply_if_finite_gates_after_on_the_fused_path():
         assert cpu_kernels.ADAMW not in ref_fn.lower(params, state, g).as_text()
         fused, ref = fused_fn(params, state, g), ref_fn(params, state, g)
         _close(fused[:2], ref[:2])
-        bias = fused[0]["layers"]["moe"]["router_bias"]
-        np.testing.assert_array_equal(bias, params["layers"]["moe"]["router_bias"] + (1.0 if moved else 0.0))
+        bias = fused[0]["moe_layers"]["moe"]["router_bias"]
+        np.testing.assert_array_equal(bias, params["moe_layers"]["moe"]["router_bias"] + (1.0 if moved else 0.0))
 
 
 def test_refuses_other_optimizers_and_dtypes():
@@ -115,7 +120,7 @@ def test_refuses_other_optimizers_and_dtypes():
 def test_apply_if_finite_matches_optax_without_frozen_leaves():
     """No frozen leaf: the clip reuses apply_if_finite's gradient norm (clip hit here)."""
     t, opt, params, state, g = _setup(3)
-    params = {k: v for k, v in params.items() if k != "layers"}
+    params = {k: v for k, v in params.items() if k != "moe_layers"}
     params["w"] = jnp.asarray(np.random.default_rng(4).normal(size=(8, 32)), jnp.float32)
     state, g = opt.init(params), _grads(np.random.default_rng(5), params, 10.0)
     fused_fn = jax.jit(lambda p, s, g: apply_if_finite(opt, p, s, g, jnp.float32(1.0)))
@@ -124,3 +129,47 @@ def test_apply_if_finite_matches_optax_without_frozen_leaves():
     ref = jax.jit(lambda p, s, g: apply_if_finite(_plain(opt), p, s, g, jnp.float32(1.0)))(params, state, g)
     assert float(fused[3]) > t.grad_clip
     _close(fused[:2], ref[:2])
+
+
+def test_offset_past_the_end_is_refused():
+    p = jnp.ones((3, 32), jnp.float32)
+    coef = jnp.asarray([1, 0, 1, 1, 0.1, 0.05, -1e-3], jnp.float32)
+    with pytest.raises(Exception, match="g at offset runs past the end of p"):
+        jax.jit(lambda p, g: cpu_adamw._leaf_step(p, g, p, p, coef, _train_cfg(), 0.0, offset=80))(p, p[0])
+
+
+def test_unrolled_train_step_steps_layers_without_concatenating_their_gradients():
+    """The tiny model, layers unrolled: each stacked leaf's gradient goes to the optimizer layer by
+    layer, with no concatenation of the stacked expert gradients in the compiled step, and the
+    step gives what the scanned (looped) layers give."""
+    from c2jax.config import load_config
+    from c2jax.models import init_params
+    from c2jax.train.step import init_state, train_step
+    base = ["--config.model.dtype=float32", "--config.model.param_dtype=float32", "--config.train.warmup_steps=0",
+            "--config.model.moe_dispatch=capacity"]
+    cfgs = {u: load_config("configs/tiny.py", base + [f"--config.model.scan_unroll={u}"]) for u in (1, 8)}
+    m = cfgs[8].model
+    assert cfgs[8].model.num_layers <= 8 and cfgs[8].model.num_experts > 0
+    rng = np.random.default_rng(0)
+    B, L = 2, 32
+    ids = rng.integers(0, m.vocab_size, (B, L + 1)).astype(np.int32)
+    batch = {"inputs": ids[:, :-1], "targets": ids[:, 1:], "segment_ids": np.ones((B, L), np.int32),
+             "positions": np.arange(L, dtype=np.int32)[None].repeat(B, 0), "loss_weights": np.ones((B, L), np.float32)}
+    params = init_params(cfgs[1], jax.random.key(0))
+    out = {}
+    for u, cfg in cfgs.items():
+        opt = make_optimizer(cfg.train)
+        step = jax.jit(lambda s, b, cfg=cfg, opt=opt: train_step(cfg, opt, s, b))
+        state = init_state(cfg, opt, params, 0)
+        hlo = step.lower(state, batch).compile().as_text()
+        w_gate = params["moe_layers"]["block"]["moe"]["w_gate"]
+        stacked = "f32[" + ",".join(map(str, w_gate.shape)) + "]"
+        concats = [ln for ln in hlo.splitlines() if "concatenate" in ln and f"= {stacked}" in ln]
+        if u == 8:
+            assert hlo.count(f'custom_call_target="{cpu_kernels.ADAMW}"') > len(jax.tree.leaves(params))
+            assert not concats, concats[:1]
+        out[u] = step(state, batch)
+    np.testing.assert_allclose(out[8][1]["loss"], out[1][1]["loss"], rtol=1e-6)
+    np.testing.assert_allclose(out[8][1]["grad_norm"], out[1][1]["grad_norm"], rtol=1e-5)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), out[8][0]["params"],
+                 out[1][0]["params"])
