@@ -184,15 +184,19 @@ def train_step(cfg, optimizer, state, batch):
         (grads,), (losses, terms_all) = jax.lax.scan(micro_grad, (zeros,), micro)
     loss = jnp.sum(losses)
     bias_load = jnp.sum(terms_all["expert_load"], axis=0) if "expert_load" in terms_all else None
+    # The norm of the params before the step, ordered before the step's in-place update: left free
+    # to run after it, XLA copies every parameter on entry to keep the old values (~15 ms a step
+    # on the 89M bench).
+    param_norm, params = jax.lax.optimization_barrier((optax.global_norm(state["params"]), state["params"]))
     new_params, new_opt, finite, grad_norm = apply_if_finite(
-        optimizer, state["params"], state["opt_state"], grads, loss,
+        optimizer, params, state["opt_state"], grads, loss,
         after=None if bias_load is None else (lambda p: _apply_bias_update(cfg, p, bias_load)),
         unrolled=unrolled_stacks(cfg) if A == 1 else ())   # A > 1: the sum's loop makes whole stacks
     new_state = {"params": new_params, "opt_state": new_opt,
                  "step": state["step"] + 1, "rng": jax.random.fold_in(state["rng"], state["step"])}
     nll = jnp.sum(terms_all["nll_sum"]) / total_weight
     metrics = {"loss": loss, "nll": nll, "grad_norm": grad_norm,
-               "param_norm": optax.global_norm(state["params"]), "skipped": (~finite).astype(jnp.int32),
+               "param_norm": param_norm, "skipped": (~finite).astype(jnp.int32),
                "tokens": total_weight}
     if "expert_load" in terms_all:
         metrics["expert_load"] = jnp.sum(terms_all["expert_load"], axis=0)
