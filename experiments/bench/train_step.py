@@ -63,6 +63,46 @@ OVERRIDES = {
 }
 
 
+def build_step(batch_size: int, seq: int, overrides=()):
+    """(cfg, mesh, compiled step, state, batch, compile s) of the bench's model and step, laid out as
+    the trainer lays them out (c2jax.train.loop): a mesh over every device (one here unless
+    --xla-flags=--xla_force_host_platform_device_count=N), state and batch placed on it."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from c2jax.config import apply_overrides, load_config_file, validate
+    from c2jax.models import init_params, param_count
+    from c2jax.parallel import activate, data_sharding, make_mesh, param_shardings
+    from c2jax.train.optimizer import make_optimizer
+    from c2jax.train.step import init_sharded_state, make_train_step
+
+    cfg = load_config_file(os.path.join(ROOT, "configs", "ablation.py") + ":l")
+    apply_overrides(cfg, {**OVERRIDES, "train.batch_size": batch_size, "train.seq_len": seq})
+    apply_overrides(cfg, list(overrides))
+    validate(cfg)
+    total = param_count(cfg)["total"]
+    if total != PEER_PARAMS:
+        raise SystemExit(f"c2jax model has {total:,} params, peer {PEER_PARAMS:,}: shapes differ")
+    optimizer = make_optimizer(cfg.train)
+    mesh = make_mesh(cfg)
+    p_sh, dsh = param_shardings(cfg, mesh), data_sharding(cfg, mesh)
+    params = jax.jit(lambda k: init_params(cfg, k), out_shardings=p_sh)(jax.random.key(0))
+    state, st_sh = init_sharded_state(cfg, optimizer, mesh, params, p_sh, seed=0)
+    del params
+    ids = np.random.default_rng(0).integers(0, cfg.model.vocab_size, (batch_size, seq + 1)).astype(np.int32)
+    B, L = batch_size, seq
+    batch = {"inputs": jnp.asarray(ids[:, :-1]), "targets": jnp.asarray(ids[:, 1:]),
+             "segment_ids": jnp.ones((B, L), jnp.int32),
+             "positions": jnp.broadcast_to(jnp.arange(L, dtype=jnp.int32), (B, L)),
+             "loss_weights": jnp.ones((B, L), jnp.float32)}
+    batch = jax.device_put(batch, dsh)
+    t = time.perf_counter()
+    with activate(cfg, mesh):
+        compiled = make_train_step(cfg, optimizer, st_sh, dsh).lower(state, batch).compile()
+    return cfg, mesh, compiled, state, batch, time.perf_counter() - t
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, default=8)
@@ -112,47 +152,16 @@ def main(argv=None) -> int:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     import c2jax  # first: sets up host malloc (c2jax.hostmem) before XLA's threads start
     import jax
-    import jax.numpy as jnp
-    import numpy as np
 
-    from c2jax.config import apply_overrides, load_config_file, validate
-    from c2jax.models import flops_per_token, init_params, param_count
+    from c2jax.models import flops_per_token, param_count
+    from c2jax.parallel import activate
     from c2jax.train.metrics import measured_matmul_peak
-    from c2jax.train.optimizer import make_optimizer
-    from c2jax.parallel import activate, data_sharding, make_mesh, param_shardings
-    from c2jax.train.step import init_sharded_state, make_train_step
-
-    cfg = load_config_file(os.path.join(ROOT, "configs", "ablation.py") + ":l")
-    apply_overrides(cfg, {**OVERRIDES, "train.batch_size": args.batch, "train.seq_len": args.seq})
-    apply_overrides(cfg, list(args.set))
-    validate(cfg)
-    counts = param_count(cfg)
-    if counts["total"] != PEER_PARAMS:
-        raise SystemExit(f"c2jax model has {counts['total']:,} params, peer {PEER_PARAMS:,}: shapes differ")
-    fpt = flops_per_token(cfg, args.seq, training=True)
 
     peaks = [measured_matmul_peak()]
-    optimizer = make_optimizer(cfg.train)
-    # the trainer's layout (c2jax.train.loop): a mesh over every device (one here unless
-    # --xla-flags=--xla_force_host_platform_device_count=N), state and batch placed on it
-    mesh = make_mesh(cfg)
-    p_sh, dsh = param_shardings(cfg, mesh), data_sharding(cfg, mesh)
-    params = jax.jit(lambda k: init_params(cfg, k), out_shardings=p_sh)(jax.random.key(0))
-    state, st_sh = init_sharded_state(cfg, optimizer, mesh, params, p_sh, seed=0)
-    del params
-    rng = np.random.default_rng(0)
-    ids = rng.integers(0, cfg.model.vocab_size, (args.batch, args.seq + 1)).astype(np.int32)
+    cfg, mesh, compiled, state, batch, compile_s = build_step(args.batch, args.seq, args.set)
+    counts = param_count(cfg)
+    fpt = flops_per_token(cfg, args.seq, training=True)
     B, L = args.batch, args.seq
-    w = np.ones((B, L), np.float32)
-    batch = {"inputs": jnp.asarray(ids[:, :-1]), "targets": jnp.asarray(ids[:, 1:]),
-             "segment_ids": jnp.ones((B, L), jnp.int32),
-             "positions": jnp.broadcast_to(jnp.arange(L, dtype=jnp.int32), (B, L)),
-             "loss_weights": jnp.asarray(w)}
-    batch = jax.device_put(batch, dsh)
-    t = time.perf_counter()
-    with activate(cfg, mesh):
-        compiled = make_train_step(cfg, optimizer, st_sh, dsh).lower(state, batch).compile()
-    compile_s = time.perf_counter() - t
     losses = []
     for _ in range(args.warmup):
         state, metrics = compiled(state, batch)
