@@ -595,8 +595,6 @@ class MoE(nn.Module):
         elif prequant or resolve_dispatch(m) == "grouped":
             y_TD, dropped = grouped_dispatch(x_TD, ids_TK, weights_TK, w_gate, w_up, w_down, m.quant)
         else:
-            if stacked is not None and (stacked.w_gate_NEDF.dtype != w_gate.dtype or dt != pdt):
-                stacked = None   # the stacks hold the params, not the cast weights
             y_TD, dropped = capacity_dispatch(x_TD, ids_TK, weights_TK, w_gate, w_up, w_down, m.capacity_factor,
                                               stacked)
         return y_TD, dropped

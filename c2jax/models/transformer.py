@@ -195,10 +195,12 @@ class Transformer(nn.Module):
 
     def _expert_stacks(self):
         """The MoE layers' stacked (w_gate, w_up, w_down) params, for the CPU expert kernel to read
-        a layer in place (cpu_moe.LayerExperts); None at init or when they are not plain arrays."""
-        if self.is_initializing():
+        a layer in place (cpu_moe.LayerExperts); None at init, when the layers compute in another
+        dtype than the params (they use cast copies), or when they are not plain arrays."""
+        m = self.cfg
+        if self.is_initializing() or dtype_of(m.dtype) != dtype_of(m.param_dtype):
             return None
-        moe = self.variables.get("params", {}).get("moe_layers", {}).get("block", {}).get("moe", {})
+        moe = self.variables.get("params", {}).get(SCANNED_STACKS[1], {}).get("block", {}).get("moe", {})
         ws = tuple(moe.get(k) for k in ("w_gate", "w_up", "w_down"))
         if not all(isinstance(w, jax.Array) and w.ndim == 4 for w in ws):
             return None   # absent, or pre-quantized (c2jax.sampling.quantized)

@@ -163,3 +163,21 @@ def test_training_loss_and_grads_equal_with_cpu_kernels_off(monkeypatch):
     np.testing.assert_allclose(l_ker, l_xla, rtol=1e-6)
     for a, b in zip(jax.tree.leaves(g_ker), jax.tree.leaves(g_xla)):
         np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-6)
+
+
+def test_layers_computing_in_another_dtype_than_their_params_get_no_stacks(monkeypatch):
+    """bfloat16 params cast to float32 layers: the kernel runs on the cast per-layer weights, not on
+    the (bfloat16) stacks, and gives the XLA path's output."""
+    from c2jax import config
+    from c2jax.models import forward, init_params
+    cfg = config.load_config_file("configs/tiny.py")
+    cfg.model.dtype, cfg.model.param_dtype = "float32", "bfloat16"
+    params = init_params(cfg, jax.random.key(0))
+    ids = jnp.asarray(np.random.default_rng(0).integers(0, cfg.model.vocab_size, (2, 24)), jnp.int32)
+    seen = []
+    real = cpu_moe.expert_ffn
+    monkeypatch.setattr(cpu_moe, "expert_ffn", lambda *a, **k: seen.append(k.get("stacked")) or real(*a, **k))
+    out = forward(cfg, params, ids)
+    assert seen and all(v is None for v in seen)
+    monkeypatch.setattr(cpu_moe, "usable", lambda *a: "off for the reference")
+    np.testing.assert_allclose(out, forward(cfg, params, ids), rtol=1e-4, atol=1e-4)
