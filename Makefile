@@ -23,7 +23,7 @@ $(VENV)/.installed: requirements.lock setup.py
 	touch $@
 
 # bubblewrap isolates model-written code (c2jax/agent/sandbox.py refuses to run without it);
-# g++ builds the CPU decode kernel (c2jax/models/cpu_kernels.cc; without it decode keeps XLA's path).
+# g++ builds the CPU decode kernel (c2jax/backends/cpu/cpu_kernels.cc; without it decode keeps XLA's path).
 system-deps:
 	@command -v bwrap >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null; \

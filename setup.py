@@ -20,6 +20,6 @@ setup(
         "ray": ["ray==2.60.0"],
         "dev": ["pytest==9.2.0", "hypothesis==6.170.15", "ruff==0.17.5"],
     },
-    package_data={"c2jax.models": ["*.cc", "*.h"]},
+    package_data={"c2jax.backends.cpu": ["*.cc", "*.h"]},
     entry_points={"console_scripts": ["c2jax=c2jax.cli:main"]},
 )

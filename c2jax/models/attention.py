@@ -15,7 +15,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from c2jax.models import cpu_attention
+from c2jax.backends.cpu import attention as cpu_attention
 from c2jax.models.layers import (Linear, LinearWeights, RMSNorm, apply_rope, dtype_of, fused_linears, rope_frequencies,
                                  rope_tables, rotate, softmax_scale)
 from c2jax.platform import target_backend

@@ -12,7 +12,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from c2jax.models import cpu_kernels, cpu_norm
+from c2jax.backends.cpu import kernels as cpu_kernels
+from c2jax.backends.cpu import norm as cpu_norm
 from c2jax.platform import target_backend
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}

@@ -14,7 +14,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from c2jax.models import cpu_kernels, cpu_moe
+from c2jax.backends.cpu import kernels as cpu_kernels
+from c2jax.backends.cpu import moe as cpu_moe
 from c2jax.models.layers import MLP, dtype_of
 from c2jax.platform import target_backend
 

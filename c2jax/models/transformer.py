@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from c2jax.models.attention import GQAAttention, MLAAttention, init_layer_cache
-from c2jax.models.cpu_moe import LayerExperts
+from c2jax.backends.cpu.moe import LayerExperts
 from c2jax.models.layers import MLP, Linear, RMSNorm, dtype_of
 from c2jax.models.moe import MoE
 from c2jax.parallel.embed import embed_lookup

@@ -13,7 +13,7 @@ Same math as c2jax.models.forward_with_cache: each layer is the model's own Bloc
 layer's params, its MoE dispatching over the stored per-expert buffers (moe.split_dispatch);
 prefill keeps the model's own forward. Not for quantized weights (the sampler falls back to the model's step).
 
-On CPU in float32 the MoE of each layer and the output head are FFI calls (c2jax.models.cpu_kernels)
+On CPU in float32 the MoE of each layer and the output head are FFI calls (c2jax.backends.cpu.kernels)
 streaming each weight once for up to 8 rows (XLA CPU's few-row products stream at a third of
 the one-row rate, so the XLA dispatch runs rows one by one); C2JAX_CPU_KERNELS=0 keeps XLA's.
 
@@ -30,7 +30,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from c2jax.models import transformer as tfm
 from c2jax.models.layers import Linear, RMSNorm, dtype_of
-from c2jax.models import cpu_kernels
+from c2jax.backends.cpu import kernels as cpu_kernels
 from c2jax.models.moe import shard_experts, split_experts
 
 STACKS = (("dense_layers", "dense", False), ("moe_layers", "moe", True))

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from c2jax.models import cpu_kernels
+from c2jax.backends.cpu import kernels as cpu_kernels
 
 
 def head_token_nll(h_TD, w, targets_T, *, scale: float = 1.0, tied: bool = False):

@@ -36,7 +36,7 @@ def learning_rate_schedule(t) -> optax.Schedule:
 
 class TrainOptimizer(optax.GradientTransformationExtraArgs):
     """make_optimizer's transformation. Its `train_cfg` attribute is the `train` section it was
-    made from: the fused CPU step (c2jax.train.cpu_adamw) takes the hyperparameters from there, so
+    made from: the fused CPU step (c2jax.backends.cpu.adamw) takes the hyperparameters from there, so
     the optimizer and its fused form cannot disagree."""
 
 

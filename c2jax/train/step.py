@@ -15,7 +15,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from c2jax.models import forward, head_weight, update_router_bias
 from c2jax.models.transformer import model_cfg, unrolled_stacks
-from c2jax.train import cpu_adamw
+from c2jax.backends.cpu import adamw as cpu_adamw
 from c2jax.train.head_loss import head_token_nll
 from c2jax.treepath import flatten_by_path, key_names
 
@@ -121,7 +121,7 @@ def apply_if_finite(optimizer, params, opt_state, grads, loss, after=None, unrol
     """(new params, new optimizer state, finite, grad norm): the optimizer step (then `after` on
     the new params) when loss and gradients are finite, else params and state unchanged.
     unrolled: the stacks whose gradients the fused step reads layer by layer (cpu_adamw.layers_of).
-    make_optimizer's optimizer runs as the fused CPU kernel where it can (c2jax.train.cpu_adamw:
+    make_optimizer's optimizer runs as the fused CPU kernel where it can (c2jax.backends.cpu.adamw:
     same arithmetic, one pass, the gate inside); others, and other targets, as below.
 
     One reduction decides: a NaN or inf anywhere in the gradients makes their norm non-finite (so

@@ -7,7 +7,7 @@ jax.profiler trace, grouped by kind (FFI kernel, XLA fusion kind, YNN product, .
 The same model, batch and step as experiments/bench/train_step.py (its build_step). Times are
 exclusive (a thunk's own time, less the thunks nested in it) and summed over XLA's worker threads,
 per step; products XLA hands to Eigen run on Eigen's own threads and show as gaps (the step's wall
-time minus the sum). FFI calls are named by their target (c2jax.models.cpu_kernels), the rest by
+time minus the sum). FFI calls are named by their target (c2jax.backends.cpu.kernels), the rest by
 their HLO name without the trailing number.
 """
 from __future__ import annotations

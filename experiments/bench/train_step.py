@@ -28,7 +28,7 @@ or recomputation count against MFU), two ways:
     after it (the machine's speed while it ran), then the median (best) over the steps.
 
 XLA CPU flags, if any, are set here only (before jax is imported), never in the library.
-The CPU training kernels (attention, experts, NLL: c2jax.models.cpu_kernels) run when they can;
+The CPU training kernels (attention, experts, NLL: c2jax.backends.cpu.kernels) run when they can;
 `C2JAX_CPU_KERNELS=0 ... train_step.py` measures the same step through XLA's paths.
 """
 from __future__ import annotations
@@ -214,7 +214,7 @@ def main(argv=None) -> int:
         rows.append((f"HF peer ({peer_runs[0]['framework']}, {peer_runs[0]['threads']} threads)",
                      peer_tps, peer_step, peer_best, fpt * peer_tps / peak, "n/a"))
     load = os.getloadavg()[0]
-    from c2jax.models import cpu_kernels
+    from c2jax.backends.cpu import kernels as cpu_kernels
     with activate(cfg, mesh):
         why = cpu_kernels.training_unavailable()
     kernels_note = "on (C2JAX_CPU_KERNELS=0 runs XLA's paths instead)" if why is None else f"off ({why})"
@@ -244,7 +244,7 @@ def main(argv=None) -> int:
         f"- loss c2jax first/last {losses[0]:.4f} / {losses[-1]:.4f}"
         + (f"; peer {peer_runs[0]['loss_first']:.4f} / {peer_runs[-1]['loss_last']:.4f}" if peer_runs else ""),
         f"- devices: {jax.device_count()} (mesh {dict(mesh.shape)}); CPU training kernels "
-        f"(c2jax.models.cpu_kernels): {kernels_note}",
+        f"(c2jax.backends.cpu.kernels): {kernels_note}",
         f"- host malloc: c2jax {c2jax.hostmem.state} (C2JAX_HOST_MALLOC=default leaves glibc's); "
         f"peer {'the same, through GLIBC_TUNABLES' if args.peer_malloc == 'retain' else 'glibc defaults'} "
         f"(--peer-malloc)",

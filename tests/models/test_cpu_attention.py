@@ -1,4 +1,4 @@
-"""The CPU training attention kernel (c2jax/models/cpu_attention.cc) against references: float64
+"""The CPU training attention kernel (c2jax/backends/cpu/cpu_attention.cc) against references: float64
 numpy for the forward and the full masked L x L jnp attention for the gradients (the model's
 training loss and gradients with the kernels off: test_cpu_moe.py)."""
 import jax
@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from c2jax.models import cpu_attention
+from c2jax.backends.cpu import attention as cpu_attention
 from c2jax.models.attention import attention_mask, dot_product_attention
 
 pytestmark = pytest.mark.skipif(cpu_attention.cpu_kernels.unavailable() is not None,

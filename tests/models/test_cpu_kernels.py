@@ -1,4 +1,4 @@
-"""The CPU MoE decode kernel (c2jax.models.cpu_kernels): equals a float64 reference of the routed
+"""The CPU MoE decode kernel (c2jax.backends.cpu.kernels): equals a float64 reference of the routed
 SwiGLU sum and the XLA split dispatch for fresh random inputs, any row count (1-8 rows share an
 expert stream, more run in blocks), skewed routing and ids no local expert serves; packs panels as
 documented; refuses bad shapes and dtypes with clear errors; a failed build leaves the XLA path."""
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from c2jax.models import moe as moe_lib
-from c2jax.models import cpu_kernels
+from c2jax.backends.cpu import kernels as cpu_kernels
 
 pytestmark = pytest.mark.skipif(jax.default_backend() != "cpu", reason="CPU kernel")
 
@@ -102,7 +102,7 @@ def test_bad_shapes_and_dtypes_are_refused_clearly():
 
 
 def test_failed_build_is_reported_and_the_decode_step_keeps_xla(tmp_path):
-    code = ("import jax; from c2jax.models import cpu_kernels; from c2jax.sampling import unrolled; "
+    code = ("import jax; from c2jax.backends.cpu import kernels as cpu_kernels; from c2jax.sampling import unrolled; "
             "from c2jax import config; m = config.load_config_file('configs/tiny.py').model; "
             "print(cpu_kernels.unavailable().splitlines()[0]); print(unrolled.decode_layout(m))")
     env = {"PATH": "/usr/bin:/bin", "JAX_PLATFORMS": "cpu", "CXX": "false", "C2JAX_KERNEL_CACHE": str(tmp_path)}

@@ -1,4 +1,4 @@
-"""The CPU routed-expert kernel (c2jax/models/cpu_moe.cc) against references: float64 numpy for
+"""The CPU routed-expert kernel (c2jax/backends/cpu/cpu_moe.cc) against references: float64 numpy for
 the forward (with capacity drops and ids outside the experts), a dense jnp SwiGLU over every
 expert for the gradients, XLA's block path for the dropped fraction, and the model's training
 loss and gradients with both CPU training kernels off."""
@@ -7,7 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from c2jax.models import cpu_attention, cpu_kernels, cpu_moe, moe
+from c2jax.models import moe
+from c2jax.backends.cpu import attention as cpu_attention
+from c2jax.backends.cpu import kernels as cpu_kernels
+from c2jax.backends.cpu import moe as cpu_moe
 
 pytestmark = pytest.mark.skipif(cpu_kernels.unavailable() is not None,
                                 reason=f"CPU kernels unavailable: {cpu_kernels.unavailable()}")

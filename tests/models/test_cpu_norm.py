@@ -1,11 +1,11 @@
-"""The CPU RMSNorm / RMSNorm + RoPE kernels (c2jax/models/cpu_norm.cc) against float64 numpy
+"""The CPU RMSNorm / RMSNorm + RoPE kernels (c2jax/backends/cpu/cpu_norm.cc) against float64 numpy
 forwards and gradients written out from the formulas, and RMSNorm's dispatch to them."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from c2jax.models import cpu_norm
+from c2jax.backends.cpu import norm as cpu_norm
 from c2jax.models.layers import RMSNorm, rms_norm, rope_tables, rotate
 
 pytestmark = pytest.mark.skipif(cpu_norm.cpu_kernels.unavailable() is not None,

@@ -11,7 +11,7 @@ import pytest
 import c2jax
 from c2jax.config import ConfigError, default_config
 from c2jax.models import attention as attention_lib
-from c2jax.models import cpu_attention
+from c2jax.backends.cpu import attention as cpu_attention
 from c2jax.parallel import activate, make_mesh, param_shardings
 from c2jax.parallel.context import zigzag_order, zigzag_permute, zigzag_unpermute
 from c2jax.train.step import token_nll, total_loss
@@ -157,7 +157,7 @@ def test_attention_activation_memory_falls_with_cp(attention, cp_impl, monkeypat
     # full L x L scores that the CP kernels split into full-row chunks: the point to fall from
     # (its default blocks, keys up to each block only, need less than CP = 2 at this length)
     monkeypatch.setattr(attention_lib, "causal_block_size", lambda L: L)
-    # ... through XLA: the CPU flash kernel (c2jax.models.cpu_attention) keeps O(L) there
+    # ... through XLA: the CPU flash kernel (c2jax.backends.cpu.attention) keeps O(L) there
     monkeypatch.setattr(cpu_attention, "usable", lambda *a: "XLA's block attention is the reference here")
     m1 = _attention_temp_bytes(attention, 1, cp_impl)
     # roughly 1/CP between CP ranks: allow 30% slack for the gathered latents / K, V blocks and

@@ -12,7 +12,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 import c2jax
 from c2jax.config import load_config
 from c2jax.models import moe as moe_lib
-from c2jax.models import cpu_kernels
+from c2jax.backends.cpu import kernels as cpu_kernels
 from c2jax.sampling import Request, Sampler, unrolled
 
 

@@ -13,7 +13,7 @@ import pytest
 import c2jax
 from small_models import small_model_cfg
 from c2jax.models import attention as attn_lib
-from c2jax.models import cpu_kernels
+from c2jax.backends.cpu import kernels as cpu_kernels
 from c2jax.models.transformer import layer_counts
 from c2jax.sampling import Request, Sampler, select_tokens, unrolled
 

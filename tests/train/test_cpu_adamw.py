@@ -1,4 +1,4 @@
-"""The fused CPU AdamW step (c2jax.train.cpu_adamw) against optax's make_optimizer, leaf by leaf."""
+"""The fused CPU AdamW step (c2jax.backends.cpu.adamw) against optax's make_optimizer, leaf by leaf."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -6,8 +6,8 @@ import optax
 import pytest
 from ml_collections import ConfigDict
 
-from c2jax.models import cpu_kernels
-from c2jax.train import cpu_adamw
+from c2jax.backends.cpu import kernels as cpu_kernels
+from c2jax.backends.cpu import adamw as cpu_adamw
 from c2jax.train.optimizer import make_optimizer
 from c2jax.train.step import apply_if_finite
 

@@ -1,6 +1,6 @@
 // RMSNorm over the last dim for CPU training, optionally followed by the rotate-half RoPE
 // rotation (Qwen3's per-head q/k norm then RoPE), forward and backward, as XLA FFI calls (see
-// c2jax/models/cpu_norm.py). One pass over each row each way; XLA CPU instead materializes the
+// c2jax/backends/cpu/norm.py). One pass over each row each way; XLA CPU instead materializes the
 // broadcast 1/rms and runs the rotation halves and their concatenation as separate loops.
 //
 // Layouts: x / y / dy / dx [N, H, P] float32 (H = 1 for a plain norm), weight and dweight [P],

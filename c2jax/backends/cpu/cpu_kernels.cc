@@ -1,6 +1,6 @@
 // The MoE layer of a CPU decode step as one XLA FFI call: every expert some row chose is read
 // once, whatever the number of rows that chose it (XLA CPU's few-row products re-read or stream
-// slowly; see c2jax/models/cpu_kernels.py). Built at first use by cpu_kernels.py with the host's
+// slowly; see c2jax/backends/cpu/kernels.py). Built at first use by cpu_kernels.py with the host's
 // compiler; plain GCC vector extensions, so it builds wherever g++ does.
 //
 // Weights are packed in panels of 16 output columns: a [K, N] matrix is stored [N/16][K][16],

@@ -1,5 +1,5 @@
 // Causal self-attention of packed rows for CPU training, forward and backward, as XLA FFI calls
-// (see c2jax/models/cpu_attention.py for why). Flash-style: the forward keeps only the
+// (see c2jax/backends/cpu/attention.py for why). Flash-style: the forward keeps only the
 // log-sum-exp of each query row; the backward recomputes the probabilities block by block.
 // Built with cpu_kernels.cc into one library; plain GCC vector extensions.
 //

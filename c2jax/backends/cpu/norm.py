@@ -1,5 +1,5 @@
 """RMSNorm, alone or followed by the rotate-half RoPE rotation, for CPU training as XLA FFI calls
-(cpu_norm.cc, built with c2jax.models.cpu_kernels): one pass over each row forward and one back,
+(cpu_norm.cc, built with c2jax.backends.cpu.kernels): one pass over each row forward and one back,
 the weight's gradient summed in a fixed order.
 
 Why: XLA CPU materializes the broadcast 1/rms as a full-size array between its reduction and the
@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from c2jax.models import cpu_kernels
+from c2jax.backends.cpu import kernels as cpu_kernels
 
 
 def usable(x, weight, rope: bool = False) -> str | None:

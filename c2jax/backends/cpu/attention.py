@@ -1,5 +1,5 @@
 """Causal self-attention of packed rows for CPU training as two XLA FFI calls (cpu_attention.cc,
-built with c2jax.models.cpu_kernels): a forward that keeps only each query row's log-sum-exp, and
+built with c2jax.backends.cpu.kernels): a forward that keeps only each query row's log-sum-exp, and
 a backward that recomputes the probabilities block by block (flash attention's scheme).
 
 Why: XLA CPU runs the training attention core (attention.causal_block_attention) at ~60 GFLOP/s
@@ -23,7 +23,7 @@ import jax
 import numpy as np
 import jax.numpy as jnp
 
-from c2jax.models import cpu_kernels
+from c2jax.backends.cpu import kernels as cpu_kernels
 
 
 def usable(q_BLHP, k_BLGP, v_BLGO) -> str | None:

@@ -1,5 +1,5 @@
 // The routed-expert SwiGLU layer for CPU training and prefill, forward and backward, as XLA FFI
-// calls (see c2jax/models/cpu_moe.py for why). Capacity semantics of moe.capacity_dispatch: an
+// calls (see c2jax/backends/cpu/moe.py for why). Capacity semantics of moe.capacity_dispatch: an
 // expert takes its first `cap` assignments in token order; the rest (and ids outside [0, E))
 // contribute nothing.
 //

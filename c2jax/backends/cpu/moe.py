@@ -1,5 +1,5 @@
 """Routed experts (SwiGLU) for CPU training and prefill as two XLA FFI calls (cpu_moe.cc, built
-with c2jax.models.cpu_kernels), with moe.capacity_dispatch's semantics: each expert takes its
+with c2jax.backends.cpu.kernels), with moe.capacity_dispatch's semantics: each expert takes its
 first `cap` assignments in token order.
 
 Why: XLA CPU's block path (moe._block_dispatch) pads each expert's rows to blocks, loops over
@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from c2jax.models import cpu_kernels
+from c2jax.backends.cpu import kernels as cpu_kernels
 
 
 class LayerExperts(NamedTuple):

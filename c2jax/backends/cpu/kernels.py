@@ -1,7 +1,7 @@
 """CPU kernels as XLA FFI calls. Decode (cpu_kernels.cc): kernels that stream each weight once for
 up to 8 rows: the MoE layer (every chosen expert read once), the output head and the other Linear
 layers. Training (cpu_attention.cc / cpu_moe.cc / cpu_loss.cc / cpu_norm.cc / cpu_adamw.cc, wrapped by
-cpu_attention.py / cpu_moe.py / c2jax.train.head_loss / cpu_norm.py / c2jax.train.cpu_adamw): causal
+cpu_attention.py / cpu_moe.py / c2jax.train.head_loss / cpu_norm.py / c2jax.backends.cpu.adamw): causal
 attention, the routed experts, the per-token NLL and RMSNorm (with the q/k RoPE), forward and
 backward, and the AdamW step. All build
 into one library.

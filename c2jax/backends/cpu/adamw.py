@@ -1,5 +1,5 @@
 """The optimizer step of c2jax.train.optimizer.make_optimizer as one in-place FFI pass per leaf on
-CPU (c2jax/models/cpu_adamw.cc), with the finiteness gate inside.
+CPU (c2jax/backends/cpu/cpu_adamw.cc), with the finiteness gate inside.
 
 Why: XLA CPU runs optax's AdamW as three fusions per leaf (new mu, new nu, then the parameter
 from both), ~10 passes over the parameter-sized arrays, and apply_if_finite's cond copies every
@@ -19,7 +19,7 @@ import numpy as np
 import optax
 from optax._src import numerics
 
-from c2jax.models import cpu_kernels
+from c2jax.backends.cpu import kernels as cpu_kernels
 from c2jax.treepath import flatten_by_path, key_names
 from c2jax.train.optimizer import decay_mask, frozen_labels, learning_rate_schedule
 

@@ -1,0 +1,1 @@
+"""Compute backends registered into c2jax.ops (kernels that are neither XLA nor Pallas)."""

@@ -1,0 +1,1 @@
+"""XLA:CPU FFI kernels (C++ sources, their build, and Python wrappers): one backend of c2jax.ops."""

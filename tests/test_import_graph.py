@@ -1,0 +1,294 @@
+"""The import graph of c2jax and pallas_kernels: no cycles, and the layers of DESIGN.md hold.
+
+A static walk (ast; nothing is imported) of every module under c2jax/ and pallas_kernels/. Every
+import of one of their modules counts, at module level or inside a function (a lazy import still
+ties the two modules together), except those under `if TYPE_CHECKING:`. `from a.b import c`
+resolves to module a.b.c when c is a submodule, else to a.b; importing a package is importing its
+__init__. Importing a submodule also runs its parent packages' __init__ files, but those implicit
+edges are not counted: a package __init__ that re-exports its submodules forms a cycle with them
+only where a submodule names the package itself (`from c2jax.models import forward`).
+"""
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from collections import deque
+from dataclasses import dataclass
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGES = ("c2jax", "pallas_kernels")
+
+
+@dataclass(frozen=True)
+class Edge:
+    """One import: `src` imports `dst` at `path:line`."""
+    src: str
+    dst: str
+    path: str
+    line: int
+
+
+def _module_name(relpath: str) -> str:
+    parts = relpath[:-3].split(os.sep)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def discover_modules(root: str = ROOT) -> dict[str, str]:
+    """Module name -> path (relative to root) of every .py file under the checked packages."""
+    modules = {}
+    for pkg in PACKAGES:
+        for dirpath, dirnames, filenames in os.walk(os.path.join(root, pkg)):
+            dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+            for f in sorted(filenames):
+                if f.endswith(".py"):
+                    rel = os.path.relpath(os.path.join(dirpath, f), root)
+                    modules[_module_name(rel)] = rel
+    return modules
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return ((isinstance(test, ast.Name) and test.id == "TYPE_CHECKING")
+            or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"))
+
+
+def _runtime_nodes(tree: ast.AST):
+    """Every node that can run: all of the tree except the bodies of `if TYPE_CHECKING:`."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        yield node
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            stack.extend(node.orelse)
+            continue
+        stack.extend(ast.iter_child_nodes(node))
+
+
+def _ours(name: str) -> bool:
+    return name.split(".")[0] in PACKAGES
+
+
+def _nearest_module(name: str, modules) -> str | None:
+    """`name` if it is a module, else its longest prefix that is (e.g. a.b.func -> a.b)."""
+    parts = name.split(".")
+    for n in range(len(parts), 0, -1):
+        candidate = ".".join(parts[:n])
+        if candidate in modules:
+            return candidate
+    return None
+
+
+def module_imports(name: str, relpath: str, modules, root: str = ROOT) -> list[Edge]:
+    """The c2jax / pallas_kernels modules that module `name` imports (see the module note)."""
+    with open(os.path.join(root, relpath)) as f:
+        tree = ast.parse(f.read(), relpath)
+    is_pkg = relpath.endswith("__init__.py")
+    targets: list[tuple[str, int]] = []
+    for node in _runtime_nodes(tree):
+        if isinstance(node, ast.Import):
+            targets += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = name.split(".")
+                base = base[:len(base) - node.level + (1 if is_pkg else 0)]
+                parent = ".".join(base + ([node.module] if node.module else []))
+            else:
+                parent = node.module
+            if not _ours(parent):
+                continue
+            for alias in node.names:
+                sub = f"{parent}.{alias.name}"
+                targets.append((sub if sub in modules else parent, node.lineno))
+        elif (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+              and isinstance(node.args[0].value, str)
+              and ((isinstance(node.func, ast.Attribute) and node.func.attr == "import_module")
+                   or (isinstance(node.func, ast.Name) and node.func.id in ("import_module", "__import__")))):
+            targets.append((node.args[0].value, node.lineno))
+    edges = []
+    for target, line in targets:
+        if not _ours(target):
+            continue
+        dst = _nearest_module(target, modules)
+        if dst is not None and dst != name:
+            edges.append(Edge(name, dst, relpath, line))
+    return edges
+
+
+def import_graph(root: str = ROOT) -> list[Edge]:
+    """Every import edge among the checked packages' modules."""
+    modules = discover_modules(root)
+    return [e for name, rel in modules.items() for e in module_imports(name, rel, modules, root)]
+
+
+def _sccs(nodes, succ) -> list[list[str]]:
+    """Strongly connected components (Tarjan, iterative) with more than one module."""
+    index, low, on_stack, stack, out, counter = {}, {}, set(), [], [], [0]
+    for start in nodes:
+        if start in index:
+            continue
+        work = [(start, iter(sorted(succ.get(start, ()))))]
+        index[start] = low[start] = counter[0]
+        counter[0] += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            v, it = work[-1]
+            for w in it:
+                if w not in index:
+                    index[w] = low[w] = counter[0]
+                    counter[0] += 1
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(succ.get(w, ())))))
+                    break
+                if w in on_stack:
+                    low[v] = min(low[v], index[w])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[v])
+                if low[v] == index[v]:
+                    comp = []
+                    while True:
+                        w = stack.pop()
+                        on_stack.discard(w)
+                        comp.append(w)
+                        if w == v:
+                            break
+                    if len(comp) > 1:
+                        out.append(sorted(comp))
+    return out
+
+
+def _shortest_path(src, dst, succ, allowed) -> list[str] | None:
+    prev, queue = {src: None}, deque([src])
+    while queue:
+        v = queue.popleft()
+        if v == dst:
+            path = []
+            while v is not None:
+                path.append(v)
+                v = prev[v]
+            return path[::-1]
+        for w in sorted(succ.get(v, ())):
+            if w in allowed and w not in prev:
+                prev[w] = v
+                queue.append(w)
+    return None
+
+
+def find_cycles(edges: list[Edge]) -> list[list[Edge]]:
+    """Import cycles as chains of edges: for every edge inside a strongly connected component, the
+    shortest cycle through it (deduplicated), so every import that takes part in a cycle shows."""
+    succ: dict[str, set[str]] = {}
+    first: dict[tuple[str, str], Edge] = {}
+    for e in edges:
+        succ.setdefault(e.src, set()).add(e.dst)
+        first.setdefault((e.src, e.dst), e)
+    cycles, seen = [], set()
+    for comp in _sccs(sorted(succ), succ):
+        members = set(comp)
+        for v in comp:
+            for w in sorted(succ[v] & members):
+                back = _shortest_path(w, v, succ, members)
+                chain = [v] + back
+                nodes = chain[:-1]
+                k = nodes.index(min(nodes))
+                key = tuple(nodes[k:] + nodes[:k])
+                if key in seen:
+                    continue
+                seen.add(key)
+                ring = list(key) + [key[0]]
+                cycles.append([first[(a, b)] for a, b in zip(ring, ring[1:])])
+    return cycles
+
+
+def format_chain(chain: list[Edge]) -> str:
+    """`a -> b (a.py:3) -> a (b.py:7)`."""
+    return chain[0].src + "".join(f" -> {e.dst} ({e.path}:{e.line})" for e in chain)
+
+
+# Layers (DESIGN.md): importer prefix -> prefixes it must not import, with the reason.
+_MODEL_FORBIDDEN = ("c2jax.backends", "c2jax.platform", "c2jax.sampling", "c2jax.train", "c2jax.rl",
+                    "c2jax.agent", "c2jax.tasks", "c2jax.evals", "pallas_kernels")
+LAYER_RULES = (
+    ("pallas_kernels", ("c2jax",), "kernels know no model"),
+    ("c2jax.models", _MODEL_FORBIDDEN, "the model calls c2jax.ops, which chooses kernels and backends"),
+    ("c2jax.sampling", ("c2jax.train",), "the sampler never imports the trainer"),
+    ("c2jax.train", ("c2jax.agent", "c2jax.tasks", "c2jax.sampling"), "the trainer never imports the harness"),
+)
+# What tasks may use of the harness: the protocol a task satisfies and the sandbox/workspace it
+# runs its verifier in. runner, policy, summarize, tools and chat_format are the harness's insides.
+AGENT_PUBLIC = ("c2jax.agent", "c2jax.agent.task_protocol", "c2jax.agent.workspace", "c2jax.agent.sandbox")
+
+
+def _under(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def layer_violations(edges: list[Edge]) -> list[str]:
+    """Imports that break LAYER_RULES or reach into the harness's internals from c2jax.tasks."""
+    out = []
+    for e in edges:
+        for importer, forbidden, why in LAYER_RULES:
+            if _under(e.src, importer) and any(_under(e.dst, f) for f in forbidden):
+                out.append(f"{e.src} -> {e.dst} ({e.path}:{e.line}): {why}")
+        if _under(e.src, "c2jax.tasks") and _under(e.dst, "c2jax.agent") and e.dst not in AGENT_PUBLIC:
+            out.append(f"{e.src} -> {e.dst} ({e.path}:{e.line}): tasks use only the harness's public "
+                       f"modules {', '.join(AGENT_PUBLIC)}")
+    return sorted(set(out))
+
+
+def test_walk_sees_lazy_imports_and_skips_type_checking(tmp_path):
+    pkg = tmp_path / "c2jax"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("from c2jax.sub.b import g\n")
+    (pkg / "a.py").write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from c2jax import c\n"
+        "def f():\n    from c2jax.sub import b, g\n    from . import c\n")
+    (pkg / "sub" / "b.py").write_text("import c2jax.a\n")
+    (pkg / "c.py").write_text("from c2jax.sub.b import x\n")
+    edges = {(e.src, e.dst, e.line) for e in import_graph(str(tmp_path))}
+    assert edges == {("c2jax.sub", "c2jax.sub.b", 1), ("c2jax.a", "c2jax.sub.b", 5), ("c2jax.a", "c2jax.sub", 5),
+                     ("c2jax.a", "c2jax.c", 6), ("c2jax.sub.b", "c2jax.a", 1), ("c2jax.c", "c2jax.sub.b", 1)}
+    cycles = {format_chain(c).split(" (")[0] + " ..." for c in find_cycles(import_graph(str(tmp_path)))}
+    assert cycles == {"c2jax.a -> c2jax.sub.b ...", "c2jax.a -> c2jax.sub ..."}
+
+
+def test_no_import_cycles():
+    cycles = find_cycles(import_graph())
+    assert not cycles, (f"{len(cycles)} import cycle(s); move the shared piece into a module both import:\n  "
+                        + "\n  ".join(format_chain(c) for c in cycles))
+
+
+def test_layering():
+    bad = layer_violations(import_graph())
+    assert not bad, f"{len(bad)} import(s) break the layers of DESIGN.md:\n  " + "\n  ".join(bad)
+
+
+def test_import_c2jax_changes_no_process_state():
+    # mallopt is the one process-wide setting c2jax makes (c2jax.hostmem); the CLI makes it, not import
+    probe = ("import ctypes, sys\n"
+             "calls = []\n"
+             "real = ctypes.CDLL\n"
+             "class Spy:\n"
+             "    def __init__(self, *a, **k): self._lib = real(*a, **k)\n"
+             "    def __getattr__(self, n):\n"
+             "        if n == 'mallopt': calls.append(n)\n"
+             "        return getattr(self._lib, n)\n"
+             "ctypes.CDLL = Spy\n"
+             "import c2jax\n"
+             "hm = sys.modules.get('c2jax.hostmem')\n"
+             "print(calls, hm.state if hm else 'hostmem not imported', sorted(\n"
+             "    m for m in sys.modules if m.startswith(('c2jax.', 'jax', 'pallas_kernels'))))\n")
+    env = {**os.environ, "C2JAX_HOST_MALLOC": "retain", "JAX_PLATFORMS": "cpu"}
+    out = subprocess.run([sys.executable, "-c", probe], env=env, cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[] hostmem not imported []", (
+        f"`import c2jax` must not set malloc or import submodules: {out.stdout.strip()}")
