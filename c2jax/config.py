@@ -14,9 +14,7 @@ from typing import Any, Sequence
 
 import ml_collections
 
-
-class ConfigError(ValueError):
-    """A user-facing configuration error; the message names the field and the fix."""
+from c2jax.errors import ConfigError  # also importable from here, as before
 
 
 def model_defaults() -> ml_collections.ConfigDict:
@@ -41,8 +39,8 @@ def model_defaults() -> ml_collections.ConfigDict:
     m.bias_update_rate = 1e-3          # step size of the aux-loss-free bias update (0 = off)
     m.load_balance_loss_weight = 0.0   # Switch-style load-balance loss weight
     m.router_z_loss_weight = 0.0       # router z-loss weight
-    m.moe_dispatch = "auto"            # "grouped" (dropless gmm), "capacity" (capacity-limited), "auto"
-    m.capacity_factor = 2.0            # capacity per expert = factor * tokens * k / experts
+    m.moe_dispatch = "dropless"        # training forwards: "dropless" or "capacity" (drops past capacity; logged)
+    m.capacity_factor = 2.0            # capacity per expert = factor * tokens * k / experts (moe_dispatch="capacity")
     m.replay_threshold = 0.0           # router replay: forced experts scoring < thr * own k-th score are replaced (0 = never)
     m.attention = "gqa"                # "gqa" (Qwen3) or "mla" (DeepSeek-V3/Kimi)
     m.num_heads = 4                    # query heads
@@ -72,10 +70,23 @@ def model_defaults() -> ml_collections.ConfigDict:
     m.dtype = "float32"                # compute dtype ("bfloat16" on accelerators)
     m.param_dtype = "float32"          # master weight dtype
     m.quant = "none"                   # expert matmul quantization: none, int8, mxfp8, nvfp4
-    m.attention_impl = "xla"           # "xla" or "flash" (Pallas)
+    m.kernels = kernels_defaults()     # implementation per op (c2jax.ops): "auto" or a registered name
     m.remat = "none"                   # "none" or "full" (rematerialize each layer in backward)
     m.scan_unroll = 1                  # layers per iteration of the layer scan (>= the layer count: no loop)
     return m
+
+
+# The ops the model calls through c2jax.ops, each chosen by model.kernels.<op>.
+KERNEL_OPS = ("attention", "decode_attention", "experts", "matmul", "norm", "token_nll")
+
+
+def kernels_defaults() -> ml_collections.ConfigDict:
+    """model.kernels: "auto" (c2jax.ops' table for the target) or an implementation name per op;
+    `python -m c2jax.ops` lists the names."""
+    k = ml_collections.ConfigDict()
+    for op in KERNEL_OPS:
+        k[op] = "auto"
+    return k
 
 
 def mesh_defaults() -> ml_collections.ConfigDict:
@@ -281,6 +292,19 @@ def _check_types(section: str, got: ml_collections.ConfigDict, ref: ml_collectio
             raise ConfigError(f"config key '{section}.{key}' must be {type(want).__name__}, got {value!r}")
 
 
+def _check_kernels(m) -> None:
+    kernels = m.get("kernels", None)
+    if kernels is None:
+        return
+    unknown = sorted(set(kernels.keys()) - set(KERNEL_OPS))
+    if unknown:
+        raise ConfigError(f"model.kernels has unknown ops {unknown}; the ops are {list(KERNEL_OPS)}")
+    for op in KERNEL_OPS:
+        if not isinstance(kernels.get(op, "auto"), str):
+            raise ConfigError(f"model.kernels.{op} must be 'auto' or an implementation name (a string), "
+                              f"got {kernels.get(op)!r}")
+
+
 def _choice(section: str, key: str, value: str, options: Sequence[str]):
     if value not in options:
         raise ConfigError(f"config key '{section}.{key}' = {value!r}; choose one of {list(options)}")
@@ -294,12 +318,12 @@ def validate_model(m: ml_collections.ConfigDict) -> None:
             raise ConfigError(f"model.{key} must be positive, got {m[key]}")
     _choice("model", "router", m.router, ("softmax", "sigmoid"))
     _choice("model", "attention", m.attention, ("gqa", "mla"))
-    _choice("model", "moe_dispatch", m.moe_dispatch, ("auto", "grouped", "capacity"))
+    _choice("model", "moe_dispatch", m.moe_dispatch, ("dropless", "capacity"))
     _choice("model", "rope_scaling", m.rope_scaling, ("none", "yarn"))
     _choice("model", "dtype", m.dtype, ("float32", "bfloat16", "float16"))
     _choice("model", "param_dtype", m.param_dtype, ("float32", "bfloat16"))
     _choice("model", "quant", m.quant, ("none", "int8", "mxfp8", "nvfp4"))
-    _choice("model", "attention_impl", m.attention_impl, ("xla", "flash"))
+    _check_kernels(m)
     _choice("model", "remat", m.remat, ("none", "full"))
     if m.scan_unroll < 1:
         raise ConfigError(f"model.scan_unroll must be >= 1, got {m.scan_unroll}")

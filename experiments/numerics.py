@@ -66,7 +66,7 @@ def run_training_variant(name, workdir, steps, seed, quant):
     from c2jax.train.loop import run_training
     out = os.path.join(workdir, name)
     cfg = tiny_cfg([f"--config.model.quant={quant}", "--config.model.dtype=bfloat16",
-                    "--config.model.moe_dispatch=grouped", f"--config.train.steps={steps}",
+                    "--config.model.moe_dispatch=dropless", f"--config.train.steps={steps}",
                     "--config.train.log_every=1", "--config.train.eval_every=0",
                     f"--config.train.checkpoint_every={steps}", f"--config.seed={seed}",
                     "--config.train.batch_size=8", "--config.train.seq_len=128"])
@@ -170,7 +170,7 @@ def moe_layer_invariance(seed):
     mates = jnp.asarray(4.0 * rng.standard_normal((3, L, D)).astype(np.float32))
     params = None
     for name, quant, factory in variants:
-        m = model_cfg(tiny_cfg(["--config.model.moe_dispatch=grouped", f"--config.model.quant={quant}"]))
+        m = model_cfg(tiny_cfg(["--config.model.moe_dispatch=dropless", f"--config.model.quant={quant}"]))
         if params is None:
             params = moe_mod.MoE(m).init(jax.random.key(seed), x)
         try:
@@ -196,7 +196,7 @@ def moe_layer_invariance(seed):
 def model_invariance(seed, params=None):
     from c2jax.models import forward, init_params
     from c2jax.models import moe as moe_mod
-    base = tiny_cfg(["--config.model.moe_dispatch=grouped"])
+    base = tiny_cfg(["--config.model.moe_dispatch=dropless"])
     if params is None:
         params = init_params(base, jax.random.key(seed))
     rng = np.random.default_rng(seed + 7)
@@ -209,7 +209,7 @@ def model_invariance(seed, params=None):
     rows = []
     orig = moe_mod._ragged_gmm
     for name, quant, factory in variants:
-        cfg = tiny_cfg(["--config.model.moe_dispatch=grouped", f"--config.model.quant={quant}"])
+        cfg = tiny_cfg(["--config.model.moe_dispatch=dropless", f"--config.model.quant={quant}"])
         try:
             if factory is not None:
                 moe_mod._ragged_gmm = factory
@@ -239,7 +239,7 @@ def _p99(x):
 def mismatch(seed, params, n_prompts=8, n=4, new_tokens=48):
     from c2jax.models import forward
     from c2jax.sampling import generate
-    cfg32 = tiny_cfg(["--config.model.moe_dispatch=grouped"])
+    cfg32 = tiny_cfg(["--config.model.moe_dispatch=dropless"])
     V = cfg32.model.vocab_size
     rng = np.random.default_rng(seed + 11)
     prompts = [rng.integers(0, V, 16).tolist() for _ in range(n_prompts)]
@@ -250,12 +250,12 @@ def mismatch(seed, params, n_prompts=8, n=4, new_tokens=48):
     stale = jax.tree.unflatten(treedef, [a + 1e-4 * jnp.sign(jax.random.normal(k, a.shape))
                                          for a, k in zip(leaves, keys)])
     samplers = {
-        "bf16 sampler vs f32 learner": (tiny_cfg(["--config.model.moe_dispatch=grouped",
+        "bf16 sampler vs f32 learner": (tiny_cfg(["--config.model.moe_dispatch=dropless",
                                                   "--config.model.dtype=bfloat16"]), cast(params, jnp.bfloat16)),
         "one-step-stale f32 sampler": (cfg32, stale),
         "same f32 weights (decode vs full forward)": (cfg32, params),
     }
-    thr_cfg = tiny_cfg(["--config.model.moe_dispatch=grouped", "--config.model.replay_threshold=0.5"])
+    thr_cfg = tiny_cfg(["--config.model.moe_dispatch=dropless", "--config.model.replay_threshold=0.5"])
     score = {name: jax.jit(lambda p, t, f, c=c: jax.nn.log_softmax(
         forward(c, p, t, forced_expert_ids=f, return_aux=True).logits, -1))
         for name, c in (("plain", cfg32), ("thr", thr_cfg))}

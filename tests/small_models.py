@@ -10,7 +10,7 @@ def small_model_cfg(attention: str, **model_overrides):
     upd = {"model.vocab_size": 97, "model.hidden_size": 32, "model.num_layers": 2,
            "model.first_k_dense": 1 if attention == "mla" else 0, "model.intermediate_size": 48,
            "model.moe_intermediate_size": 16, "model.num_heads": 4, "model.init_std": 0.15,
-           "model.moe_dispatch": "grouped"}
+           "model.moe_dispatch": "dropless"}
     if attention == "mla":
         upd.update({"model.q_lora_rank": 16, "model.kv_lora_rank": 16, "model.qk_nope_head_dim": 8,
                     "model.qk_rope_head_dim": 4, "model.v_head_dim": 8})

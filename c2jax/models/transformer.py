@@ -11,9 +11,12 @@ from typing import Any, NamedTuple
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import ml_collections
 
 from c2jax.models.attention import GQAAttention, MLAAttention, init_layer_cache
-from c2jax.backends.cpu.moe import LayerExperts
+from c2jax.ops.stacked import LayerExperts
+from c2jax.ops.attention_xla import DECODE_MAX_QUERIES
+from c2jax.parallel import context as cpx
 from c2jax.models.layers import MLP, Linear, RMSNorm, dtype_of
 from c2jax.models.moe import MoE
 from c2jax.parallel.embed import embed_lookup
@@ -54,14 +57,14 @@ class Block(nn.Module):
         m = self.cfg
         pdt = dtype_of(m.param_dtype)
         attn_cls = MLAAttention if m.attention == "mla" else GQAAttention
-        h = RMSNorm(m.rms_norm_eps, "embed", pdt, name="attn_norm")(x_BLD)
+        h = RMSNorm(m.rms_norm_eps, "embed", pdt, getattr(m, "kernels", None), name="attn_norm")(x_BLD)
         a, new_cache = attn_cls(m, span=self.span, name="attn")(h, positions_BL, segment_ids_BL, cache)
         x_BLD = nn.with_logical_constraint(x_BLD + a, ("batch", "length", "embed"))
-        h = RMSNorm(m.rms_norm_eps, "embed", pdt, name="mlp_norm")(x_BLD)
+        h = RMSNorm(m.rms_norm_eps, "embed", pdt, getattr(m, "kernels", None), name="mlp_norm")(x_BLD)
         if self.moe:
             y, aux = MoE(m, name="moe")(h, forced_ids_BLK, stacked)
         else:
-            y, aux = MLP(m.intermediate_size, dtype_of(m.dtype), pdt, m.init_std, name="mlp")(h), {}
+            y, aux = MLP(m.intermediate_size, dtype_of(m.dtype), pdt, m.init_std, getattr(m, "kernels", None), name="mlp")(h), {}
         x_BLD = nn.with_logical_constraint(x_BLD + y, ("batch", "length", "embed"))
         return x_BLD, aux, new_cache
 
@@ -104,9 +107,9 @@ class MTPHead(nn.Module):
     def __call__(self, h_BLD, next_emb_BLD, positions_BL, segment_ids_BL, cache=None):
         m = self.cfg
         pdt = dtype_of(m.param_dtype)
-        hn = RMSNorm(m.rms_norm_eps, "embed", pdt, name="hnorm")(h_BLD)
-        en = RMSNorm(m.rms_norm_eps, "embed", pdt, name="enorm")(next_emb_BLD)
-        x = Linear(m.hidden_size, (None, "embed"), dtype=dtype_of(m.dtype), param_dtype=pdt,
+        hn = RMSNorm(m.rms_norm_eps, "embed", pdt, getattr(m, "kernels", None), name="hnorm")(h_BLD)
+        en = RMSNorm(m.rms_norm_eps, "embed", pdt, getattr(m, "kernels", None), name="enorm")(next_emb_BLD)
+        x = Linear(m.hidden_size, (None, "embed"), dtype=dtype_of(m.dtype), param_dtype=pdt, kernels=getattr(m, "kernels", None),
                    init_std=m.init_std, name="eh_proj")(jnp.concatenate([en, hn], axis=-1))
         x, aux, new_cache = Block(m, self.moe, name="block")(x, positions_BL, segment_ids_BL, None, cache)
         return (x, aux, new_cache) if cache is not None else (x, aux)
@@ -127,11 +130,12 @@ class MTPStep(nn.Module):
         next_emb = embed_lookup(embed, ahead_BL, dt)
         h, _, new_cache = MTPHead(m, layer_counts(m)[1] > 0, name=f"mtp_{self.depth}")(
             h_BLD, next_emb, positions_BL, jnp.ones_like(ahead_BL), cache)
-        h_out = RMSNorm(m.rms_norm_eps, "embed", pdt, name="final_norm")(h)
+        h_out = RMSNorm(m.rms_norm_eps, "embed", pdt, getattr(m, "kernels", None), name="final_norm")(h)
         if m.tie_embeddings:
             logits = jnp.einsum("bld,vd->blv", h_out, embed.astype(dt), preferred_element_type=jnp.float32)
         else:
             logits = Linear(m.vocab_size, ("embed", "vocab"), dtype=dt, param_dtype=pdt, init_std=m.init_std,
+                            kernels=getattr(m, "kernels", None),
                             name="lm_head")(h_out)
         return logits.astype(jnp.float32), h, new_cache
 
@@ -168,10 +172,11 @@ class Transformer(nn.Module):
             aux.update(moe_aux)
         hidden_BLD = x
         self.sow("intermediates", "hidden", hidden_BLD)  # read by speculative decoding (MTP drafts)
-        final_norm = RMSNorm(m.rms_norm_eps, "embed", pdt, name="final_norm")
+        final_norm = RMSNorm(m.rms_norm_eps, "embed", pdt, getattr(m, "kernels", None), name="final_norm")
         if not head:
             return final_norm(hidden_BLD), aux, None
         head = None if m.tie_embeddings else Linear(m.vocab_size, ("embed", "vocab"), dtype=dt,
+                                                    kernels=getattr(m, "kernels", None),
                                                     param_dtype=pdt, init_std=m.init_std, name="lm_head")
 
         def logits_of(h_BLD):
@@ -252,14 +257,24 @@ def abstract_params(cfg):
     return jax.eval_shape(lambda r: init_params(m, r), jax.random.key(0))
 
 
+def dropless(m):
+    """Model config m, or a copy of it whose MoE dispatch drops no assignment."""
+    if getattr(m, "moe_dispatch", "dropless") == "dropless":
+        return m
+    m = ml_collections.ConfigDict(m.to_dict())
+    m.moe_dispatch = "dropless"
+    return m
+
+
 def forward(cfg, params, tokens_BL, positions_BL=None, segment_ids_BL=None, *,
-            forced_expert_ids=None, return_aux: bool = False, head: bool = True):
+            forced_expert_ids=None, return_aux: bool = False, head: bool = True, train_dispatch: bool = False):
     """Logits float32 [B, L, V] for int32 tokens [B, L]; with return_aux a ForwardOutput.
 
     forced_expert_ids: int [N_moe, B, L, K] replays recorded routing (router replay).
     head=False: the final-normed hidden states [B, L, D] in place of the logits and no MTP heads,
-    for losses that apply the output head themselves (c2jax.train.head_loss)."""
-    m = model_cfg(cfg)
+    for losses that apply the output head themselves (c2jax.train.head_loss).
+    Dropless unless train_dispatch (the training step's opt-in to model.moe_dispatch="capacity")."""
+    m = model_cfg(cfg) if train_dispatch else dropless(model_cfg(cfg))
     tokens_BL = jnp.asarray(tokens_BL, jnp.int32)
     positions_BL, segment_ids_BL = _defaults(tokens_BL, positions_BL, segment_ids_BL)
     logits, aux, _ = Transformer(m).apply({"params": params}, tokens_BL, positions_BL, segment_ids_BL,
@@ -293,7 +308,7 @@ def init_cache(cfg, batch: int, max_len: int, dtype=None) -> dict:
 def forward_with_cache(cfg, params, tokens_BL, positions_BL, cache, *, forced_expert_ids=None):
     """Prefill or decode: write the tokens' keys at their positions, attend over the cache.
     Returns ForwardOutput(logits, aux, new_cache). Rows may be at different positions."""
-    m = model_cfg(cfg)
+    m = dropless(model_cfg(cfg))
     tokens_BL = jnp.asarray(tokens_BL, jnp.int32)
     positions_BL = jnp.asarray(positions_BL, jnp.int32)
     seg = jnp.ones_like(tokens_BL)
@@ -310,7 +325,7 @@ def init_mtp_cache(cfg, batch: int, max_len: int, dtype=None) -> list:
 
 def forward_with_cache_hidden(cfg, params, tokens_BL, positions_BL, cache):
     """forward_with_cache plus the final hidden states [B, L, D] (before the final norm)."""
-    m = model_cfg(cfg)
+    m = dropless(model_cfg(cfg))
     tokens_BL = jnp.asarray(tokens_BL, jnp.int32)
     (logits, aux, new_cache), inter = Transformer(m).apply(
         {"params": params}, tokens_BL, jnp.asarray(positions_BL, jnp.int32), jnp.ones_like(tokens_BL), None,
@@ -321,7 +336,7 @@ def forward_with_cache_hidden(cfg, params, tokens_BL, positions_BL, cache):
 def mtp_forward_with_cache(cfg, params, depth: int, h_BLD, ahead_BL, positions_BL, cache):
     """MTP head `depth` (1-based) on the cache path: hidden h_BLD of depth-1 (the main model's for
     depth 1) and the tokens `depth` steps ahead -> (logits f32 [B, L, V], hidden [B, L, D], cache)."""
-    m = model_cfg(cfg)
+    m = dropless(model_cfg(cfg))
     if not 1 <= depth <= m.num_mtp_layers:
         raise ValueError(f"MTP depth {depth} out of range: model.num_mtp_layers={m.num_mtp_layers}")
     return MTPStep(m, depth).apply({"params": params}, h_BLD, jnp.asarray(ahead_BL, jnp.int32),
@@ -359,3 +374,33 @@ def flops_per_token(cfg, seq_len: int, training: bool = True) -> float:
     attn = 2 * m.num_layers * m.num_heads * (qk + v) * seq_len / 2  # causal: half the keys on average
     mult = 3 if training else 1
     return float(mult * (2 * n + attn))
+
+
+def context_prefill(cfg, params, tokens_BL, positions_BL, cache):
+    """`forward_with_cache` with the 2*CP zigzag causal load balance under an active CP mesh:
+    pads each row to a multiple of 2*CP (pad tokens get position S = cache length, so their
+    cache writes are dropped and no real query sees them), zigzag-permutes tokens and positions,
+    runs the model (whose attention then takes the CP prefill path) and returns
+    ForwardOutput(logits [B, L, V] in the original token order, aux, new cache). aux's per-token
+    arrays (expert_ids [N, B, L, K]) are returned in the original order too; aggregate stats
+    (expert_load) include the pad tokens. Outside a CP mesh it is forward_with_cache."""
+    tokens_BL = jnp.asarray(tokens_BL, jnp.int32)
+    positions_BL = jnp.asarray(positions_BL, jnp.int32)
+    B, L = tokens_BL.shape
+    cp = cpx.context_size()
+    if cp <= 1 or not cpx.cp_active():
+        return forward_with_cache(cfg, params, tokens_BL, positions_BL, cache)
+    Lp = -(-L // (2 * cp)) * (2 * cp)
+    if Lp <= DECODE_MAX_QUERIES:
+        return forward_with_cache(cfg, params, tokens_BL, positions_BL, cache)
+    S = jax.tree.leaves(cache)[0].shape[2]   # stacked caches: [layers, B, S, ...]
+    if Lp > L:
+        tokens_BL = jnp.pad(tokens_BL, ((0, 0), (0, Lp - L)))
+        positions_BL = jnp.pad(positions_BL, ((0, 0), (0, Lp - L)), constant_values=S)
+    tokens_BL, positions_BL = cpx.zigzag_permute((tokens_BL, positions_BL), cp)
+    out = forward_with_cache(cfg, params, tokens_BL, positions_BL, cache)
+    logits = cpx.zigzag_unpermute(out.logits, cp)[:, :L]
+    aux = dict(out.aux)
+    if "expert_ids" in aux:
+        aux["expert_ids"] = cpx.zigzag_unpermute(aux["expert_ids"], cp, axis=2)[:, :, :L]
+    return ForwardOutput(logits, aux, out.cache)

@@ -7,7 +7,7 @@ from c2jax.parallel.mesh import (  # noqa: F401
                                  data_sharding,
                                  logical_to_mesh_spec,
                                  make_mesh,
-                                 param_shardings,
+                                 tree_shardings,
                                  rules,
                                  validate_layout,
 )

@@ -125,7 +125,7 @@ def _flops(compiled) -> float:
 def abstract_train_state(cfg, mesh):
     """(optimizer, state shardings, abstract sharded train state) of `cfg` on `mesh`."""
     from c2jax.models import abstract_params
-    from c2jax.parallel.mesh import param_shardings
+    from c2jax.models import param_shardings
     from c2jax.train.optimizer import make_optimizer
     from c2jax.train.step import init_state, state_shardings
     optimizer = make_optimizer(cfg.train)
@@ -182,8 +182,8 @@ def compile_decode_step(cfg, devices, batch: int, cache_len: int):
         activate,
         logical_to_mesh_spec,
         make_mesh,
-        param_shardings,
     )
+    from c2jax.models import param_shardings
     mesh = make_mesh(cfg, devices)
     m = ml_collections.ConfigDict(cfg.model.to_dict())
     m.param_dtype = "bfloat16" if m.dtype == "bfloat16" else m.param_dtype

@@ -18,7 +18,7 @@ context axis > 1), each a `jax.shard_map` over the whole mesh:
 - Prefill into a KV cache (`gqa_context_prefill`, `mla_context_prefill`, from the cache branch
   of the attention for more than DECODE_MAX_QUERIES tokens per row): all-gather the new K/V or
   latents, write them into the cache (replicated over `context`, as decode expects), attend the
-  local queries against the cache. `context_prefill` wraps forward_with_cache with the zigzag.
+  local queries against the cache. `c2jax.models.transformer.context_prefill` wraps forward_with_cache with the zigzag.
 
 Letters: B batch, L length (local Lc inside shard_map), S key length, H heads, G kv heads,
 P head dim, C kv latent, R rope dims, N nope dims, O value dims, X = N + O.
@@ -140,7 +140,7 @@ def mla_context_attention(q_nope_BLHN, q_rope_BLHR, latent_BLC, k_rope_BLR, kv_b
                           segment_ids_BL, scale: float, dtype):
     """MLA attention under CP: all-gather latents + rotary keys, up-project locally, attend with
     the local queries. Returns [B, L, H, O] sharded like the queries."""
-    from c2jax.models.attention import dot_product_attention
+    from c2jax.ops.attention_xla import dot_product_attention
     B, L, H, N = q_nope_BLHN.shape
     b_axes, l_axes = _token_specs(B, L)
 
@@ -211,7 +211,7 @@ def _ring_attention(q, k, v, pos, seg, scale):
 def gqa_context_attention(q_BLHP, k_BLGP, v_BLGO, positions_BL, segment_ids_BL, scale: float,
                           impl: str | None = None):
     """GQA attention under CP, `impl` "allgather" or "ring" (default: config.mesh.cp_impl)."""
-    from c2jax.models.attention import dot_product_attention
+    from c2jax.ops.attention_xla import dot_product_attention
     impl = impl or parallel_setting("cp_impl", "allgather")
     if impl not in ("allgather", "ring"):
         raise ConfigError(f"mesh.cp_impl = {impl!r}; choose 'allgather' or 'ring'")
@@ -255,7 +255,7 @@ def _slots(cache_BS_):
 def gqa_context_prefill(q_BLHP, k_BLGP, v_BLGP, positions_BL, cache_k_BSGP, cache_v_BSGP, scale: float):
     """GQA cache path under CP: returns (out [B, L, H, P] sharded like the queries, new K cache,
     new V cache); the caches equal the single-device `write_cache` results."""
-    from c2jax.models.attention import attention_mask, dot_product_attention, write_cache
+    from c2jax.ops.attention_xla import attention_mask, dot_product_attention, write_cache
     B, L = q_BLHP.shape[:2]
     b_axes, l_axes = _token_specs(B, L)
 
@@ -283,7 +283,7 @@ def mla_context_prefill(q_nope_BLHN, q_rope_BLHR, latent_BLC, k_rope_BLR, kv_b_C
     """MLA cache path under CP: all-gather the new latents + rotary keys (C + R per token), write
     them into the cache, attend the local queries (absorbed form) against it. Returns
     (out [B, L, H, O] sharded like the queries, new latent cache, new rotary-key cache)."""
-    from c2jax.models.attention import mla_absorbed_attention, write_cache
+    from c2jax.ops.attention_xla import mla_absorbed_attention, write_cache
     B, L = q_nope_BLHN.shape[:2]
     b_axes, l_axes = _token_specs(B, L)
 
@@ -307,40 +307,8 @@ def mla_context_prefill(q_nope_BLHN, q_rope_BLHR, latent_BLC, k_rope_BLR, kv_b_C
 def cp_prefill_active(length: int) -> bool:
     """True when a cache-path call of `length` tokens per row runs the CP prefill: CP is active
     and divides the length, and the call is not a decode step (those keep the decode path)."""
-    from c2jax.models.attention import DECODE_MAX_QUERIES
+    from c2jax.ops.attention_xla import DECODE_MAX_QUERIES
     return length > DECODE_MAX_QUERIES and cp_active(length)
-
-
-def context_prefill(cfg, params, tokens_BL, positions_BL, cache):
-    """`forward_with_cache` with the 2*CP zigzag causal load balance under an active CP mesh:
-    pads each row to a multiple of 2*CP (pad tokens get position S = cache length, so their
-    cache writes are dropped and no real query sees them), zigzag-permutes tokens and positions,
-    runs the model (whose attention then takes the CP prefill path) and returns
-    ForwardOutput(logits [B, L, V] in the original token order, aux, new cache). aux's per-token
-    arrays (expert_ids [N, B, L, K]) are returned in the original order too; aggregate stats
-    (expert_load) include the pad tokens. Outside a CP mesh it is forward_with_cache."""
-    from c2jax.models.attention import DECODE_MAX_QUERIES
-    from c2jax.models.transformer import ForwardOutput, forward_with_cache
-    tokens_BL = jnp.asarray(tokens_BL, jnp.int32)
-    positions_BL = jnp.asarray(positions_BL, jnp.int32)
-    B, L = tokens_BL.shape
-    cp = context_size()
-    if cp <= 1 or CONTEXT not in active_logical_axes("length"):
-        return forward_with_cache(cfg, params, tokens_BL, positions_BL, cache)
-    Lp = -(-L // (2 * cp)) * (2 * cp)
-    if Lp <= DECODE_MAX_QUERIES:
-        return forward_with_cache(cfg, params, tokens_BL, positions_BL, cache)
-    S = jax.tree.leaves(cache)[0].shape[2]   # stacked caches: [layers, B, S, ...]
-    if Lp > L:
-        tokens_BL = jnp.pad(tokens_BL, ((0, 0), (0, Lp - L)))
-        positions_BL = jnp.pad(positions_BL, ((0, 0), (0, Lp - L)), constant_values=S)
-    tokens_BL, positions_BL = zigzag_permute((tokens_BL, positions_BL), cp)
-    out = forward_with_cache(cfg, params, tokens_BL, positions_BL, cache)
-    logits = zigzag_unpermute(out.logits, cp)[:, :L]
-    aux = dict(out.aux)
-    if "expert_ids" in aux:
-        aux["expert_ids"] = zigzag_unpermute(aux["expert_ids"], cp, axis=2)[:, :, :L]
-    return ForwardOutput(logits, aux, out.cache)
 
 
 def cp_active(length: int | None = None) -> bool:
@@ -356,7 +324,6 @@ def cp_active(length: int | None = None) -> bool:
 __all__ = [
     "axes_size",
     "context_size",
-    "context_prefill",
     "cp_active",
     "cp_prefill_active",
     "gqa_context_attention",

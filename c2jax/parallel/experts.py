@@ -76,13 +76,16 @@ def _quantized_all_to_all(x_RD, axes, quant: str, out_dtype):
     return send(x_RD)
 
 
-def _local_experts(x_RD, eid_R, w_gate, w_up, w_down, quant: str):
-    """Rows with local expert id eid (== E_local for padding) through their expert."""
-    from c2jax.models.moe import _dispatcher_gmm, _expert_ffn
+def sorted_local_experts(x_RD, eid_R, w_gate, w_up, w_down, gmm):
+    """Rows with local expert id eid (== E_local for padding) through their expert's SwiGLU, as
+    grouped matmuls `gmm(lhs, rhs, group_sizes)` over the rows sorted by expert."""
+    import flax.linen as nn
     e_local = w_gate.shape[0]
     order = jnp.argsort(eid_R, stable=True)
     sizes = jnp.bincount(eid_R, length=e_local + 1)[:e_local].astype(jnp.int32)
-    y_sorted = _expert_ffn(x_RD[order], w_gate, w_up, w_down, sizes, _dispatcher_gmm(quant))
+    x_sorted = x_RD[order]
+    h = nn.silu(gmm(x_sorted, w_gate, sizes)) * gmm(x_sorted, w_up, sizes)
+    y_sorted = gmm(h, w_down, sizes)
     y = jnp.zeros_like(y_sorted).at[order].set(y_sorted)
     return jnp.where((eid_R < e_local)[:, None], y, 0)
 
@@ -116,12 +119,12 @@ _WARNED: set = set()
 _log = logging.getLogger(__name__)
 
 
-def expert_parallel_dispatch(x_BLD, ids_BLK, weights_BLK, w_gate, w_up, w_down, m, plan=None):
+def expert_parallel_dispatch(x_BLD, ids_BLK, weights_BLK, w_gate, w_up, w_down, quant, plan, local_experts):
     """EP MoE dispatch + expert compute + combine. Returns (y_BLD in x's dtype, dropped fraction).
-    `plan` from ep_plan (computed here when None)."""
+    `plan` from ep_plan; local_experts(x_RD, eid_R, wg, wu, wd) -> y_RD runs each device's experts
+    (sorted_local_experts with the chosen grouped kernel)."""
     B, L, D = x_BLD.shape
     E, K = w_gate.shape[0], ids_BLK.shape[-1]
-    plan = plan or ep_plan(B, L, E)
     if plan is None:
         raise ConfigError("expert_parallel_dispatch called without an active expert-parallel mesh")
     axes, b_axes, l_axes = plan
@@ -147,9 +150,9 @@ def expert_parallel_dispatch(x_BLD, ids_BLK, weights_BLK, w_gate, w_up, w_down, 
         token = jnp.arange(A, dtype=jnp.int32) // K
         send_x = jnp.zeros((W * cap + 1, D), dt).at[slot].set(x_TD[token])[: W * cap]
         send_e = jnp.full((W * cap + 1,), e_local, jnp.int32).at[slot].set(flat % e_local)[: W * cap]
-        recv_x = _quantized_all_to_all(send_x, axes, m.quant, dt)
+        recv_x = _quantized_all_to_all(send_x, axes, quant, dt)
         recv_e = jax.lax.all_to_all(send_e, axes, 0, 0, tiled=True)
-        y_R = _local_experts(recv_x, recv_e, wg, wu, wd, m.quant).astype(dt)   # combine dtype
+        y_R = local_experts(recv_x, recv_e, wg, wu, wd).astype(dt)   # combine dtype
         back = jax.lax.all_to_all(y_R, axes, 0, 0, tiled=True)
         back = jnp.concatenate([back, jnp.zeros((1, D), dt)])
         y_AD = back[slot] * keep[:, None].astype(dt)
@@ -183,6 +186,33 @@ def expert_parallel_dispatch(x_BLD, ids_BLK, weights_BLK, w_gate, w_up, w_down, 
         return body(x, ids, wts, wg, wu, _gather_dims(wd, fs[1], fs[0]))
 
     fn = jax.shard_map(fsdp_body, in_specs=(tok, tok, tok, in_spec, in_spec, out_spec), out_specs=(tok, P()))
+    return fn(x_BLD, ids_BLK, weights_BLK, w_gate, w_up, w_down)
+
+
+def token_parallel_dispatch(x_BLD, ids_BLK, weights_BLK, w_gate, w_up, w_down, local_fn):
+    """Experts computed where the tokens are, without expert parallelism: a shard_map over the
+    token axes (batch, length) in which each device all-gathers the expert weights' FSDP shards
+    and runs local_fn(x_TD, ids_TK, weights_TK, wg, wu, wd) -> (y_TD, dropped) on its tokens (a
+    Mosaic kernel cannot be partitioned by GSPMD). Gradients of the weights leave reduce-scattered."""
+    B, L, D = x_BLD.shape
+    K = ids_BLK.shape[-1]
+    b_axes = divisible_axes(B, tuple(a for a in active_logical_axes("batch") if a != "context"))
+    l_axes = divisible_axes(L, active_logical_axes("length"))
+    tok = P(spec_entry(b_axes), spec_entry(l_axes), None)
+    fs = _weight_fsdp_axes((), w_gate.shape[1:])
+    in_spec = P(None, spec_entry(fs[0]), spec_entry(fs[1]))
+    out_spec = P(None, spec_entry(fs[1]), spec_entry(fs[0]))
+    token_axes = tuple(dict.fromkeys(b_axes + l_axes))
+
+    def body(x, ids, wts, wg, wu, wd):
+        wg, wu = (_gather_dims(w, fs[0], fs[1]) for w in (wg, wu))
+        wd = _gather_dims(wd, fs[1], fs[0])
+        b, l, _ = x.shape
+        y, dropped = local_fn(x.reshape(b * l, D), ids.reshape(b * l, K), wts.reshape(b * l, K), wg, wu, wd)
+        dropped = jax.lax.pmean(dropped, token_axes) if token_axes else dropped
+        return y.reshape(b, l, D).astype(x.dtype), dropped
+
+    fn = jax.shard_map(body, in_specs=(tok, tok, tok, in_spec, in_spec, out_spec), out_specs=(tok, P()))
     return fn(x_BLD, ids_BLK, weights_BLK, w_gate, w_up, w_down)
 
 

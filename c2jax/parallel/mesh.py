@@ -99,12 +99,10 @@ def _divisible(spec: PartitionSpec, shape, mesh: Mesh) -> PartitionSpec:
     return PartitionSpec(*out)
 
 
-def param_shardings(cfg, mesh: Mesh, logical_tree=None, shapes_tree=None):
-    """NamedSharding per param leaf from the model's logical axes and the config's rules.
-    A dim that the mesh axes do not divide is replicated rather than failing."""
-    from c2jax.models import abstract_params, logical_axes
-    logical_tree = logical_tree if logical_tree is not None else logical_axes(cfg)
-    shapes_tree = shapes_tree if shapes_tree is not None else abstract_params(cfg)
+def tree_shardings(cfg, mesh: Mesh, logical_tree, shapes_tree):
+    """NamedSharding per leaf of shapes_tree from its logical PartitionSpec tree and the config's
+    rules (c2jax.models.param_shardings gives the model's). A dim that the mesh axes do not
+    divide is replicated rather than failing."""
 
     def one(spec, shape):
         mesh_spec = logical_to_mesh_spec(spec, cfg, mesh)

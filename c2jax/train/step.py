@@ -53,12 +53,14 @@ def _nll_lse_bwd(res, cts):
 _nll_lse.defvjp(_nll_lse_fwd, _nll_lse_bwd)
 
 
-def forward_nll(cfg, params, batch, forced_expert_ids=None, *, scale: float = 1.0, with_logits: bool = False):
+def forward_nll(cfg, params, batch, forced_expert_ids=None, *, scale: float = 1.0, with_logits: bool = False,
+                train_dispatch: bool = False):
     """(nll_BL, lse_BL, ForwardOutput) of the batch's targets under logits * scale. Without
     with_logits the output head runs fused with the loss (c2jax.train.head_loss; out.logits then
     holds the final hidden states and no MTP heads run)."""
     out = forward(cfg, params, batch["inputs"], batch["positions"], batch["segment_ids"],
-                  forced_expert_ids=forced_expert_ids, return_aux=True, head=with_logits)
+                  forced_expert_ids=forced_expert_ids, return_aux=True, head=with_logits,
+                  train_dispatch=train_dispatch)
     if with_logits:
         nll_BL, lse_BL = token_nll(out.logits * scale if scale != 1.0 else out.logits, batch["targets"])
         return nll_BL, lse_BL, out
@@ -87,7 +89,8 @@ def mtp_distill_loss(mtp_logits_DBLV, logits_BLV, loss_weights_BL, segment_ids_B
 def loss_terms(cfg, params, batch, forced_expert_ids=None):
     """Sums (not means) of every loss term over one microbatch, plus router aux outputs."""
     m = model_cfg(cfg)
-    nll_BL, lse_BL, out = forward_nll(cfg, params, batch, forced_expert_ids, with_logits=bool(m.num_mtp_layers))
+    nll_BL, lse_BL, out = forward_nll(cfg, params, batch, forced_expert_ids, with_logits=bool(m.num_mtp_layers),
+                                      train_dispatch=True)
     w = batch["loss_weights"].astype(jnp.float32)
     terms = {"nll_sum": jnp.sum(nll_BL * w), "weight": jnp.sum(w),
              "z_sum": jnp.sum(jnp.square(lse_BL) * w)}

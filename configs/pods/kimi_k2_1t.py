@@ -42,7 +42,7 @@ def get_config(arg=None):
     cfg = default_config()
     cfg.model = load_config_file(os.path.join(_HERE, "..", "kimi_k2_1t.py")).model
     cfg.model.name = f"kimi_k2_1t_{layout}"
-    cfg.model.moe_dispatch = "grouped"
+    cfg.model.moe_dispatch = "dropless"
     cfg.model.remat = "full"
     # CP layouts train without the MTP head: the trainer refuses MTP under CP (its shift assumes
     # in-order tokens, the zigzag layout permutes them), and GSPMD replicated the head's

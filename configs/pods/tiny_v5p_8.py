@@ -8,7 +8,7 @@ from c2jax.config import default_config, merge_into_defaults
 
 def get_config(arg=None):
     cfg = merge_into_defaults({
-        "model.name": "tiny_mla", "model.attention": "mla", "model.moe_dispatch": "grouped",
+        "model.name": "tiny_mla", "model.attention": "mla", "model.moe_dispatch": "dropless",
         "model.dtype": "bfloat16", "model.num_layers": 2, "model.first_k_dense": 1,
         "mesh.shape": (2, 2, 2, 1),
         "train.batch_size": 8, "train.seq_len": 256,

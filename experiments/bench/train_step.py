@@ -73,7 +73,8 @@ def build_step(batch_size: int, seq: int, overrides=()):
 
     from c2jax.config import apply_overrides, load_config_file, validate
     from c2jax.models import init_params, param_count
-    from c2jax.parallel import activate, data_sharding, make_mesh, param_shardings
+    from c2jax.models import param_shardings
+    from c2jax.parallel import activate, data_sharding, make_mesh
     from c2jax.train.optimizer import make_optimizer
     from c2jax.train.step import init_sharded_state, make_train_step
 
@@ -150,7 +151,8 @@ def main(argv=None) -> int:
     if args.xla_flags:
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + args.xla_flags).strip()
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    import c2jax  # first: sets up host malloc (c2jax.hostmem) before XLA's threads start
+    from c2jax import hostmem
+    hostmem.retain_freed_memory()  # first: host malloc keeps freed memory before XLA's threads start
     import jax
 
     from c2jax.models import flops_per_token, param_count
@@ -245,7 +247,7 @@ def main(argv=None) -> int:
         + (f"; peer {peer_runs[0]['loss_first']:.4f} / {peer_runs[-1]['loss_last']:.4f}" if peer_runs else ""),
         f"- devices: {jax.device_count()} (mesh {dict(mesh.shape)}); CPU training kernels "
         f"(c2jax.backends.cpu.kernels): {kernels_note}",
-        f"- host malloc: c2jax {c2jax.hostmem.state} (C2JAX_HOST_MALLOC=default leaves glibc's); "
+        f"- host malloc: c2jax {hostmem.state} (C2JAX_HOST_MALLOC=default leaves glibc's); "
         f"peer {'the same, through GLIBC_TUNABLES' if args.peer_malloc == 'retain' else 'glibc defaults'} "
         f"(--peer-malloc)",
         f"- XLA_FLAGS: `{os.environ.get('XLA_FLAGS', '')}`; extra overrides: {args.set or 'none'}; "

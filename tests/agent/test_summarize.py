@@ -33,7 +33,7 @@ def test_summary_decode_reuses_live_cache():
     from c2jax.sampling import HarnessSampler, Sampler
 
     cfg = c2jax.config.default_config()
-    cfg.model.moe_dispatch = "grouped"
+    cfg.model.moe_dispatch = "dropless"
     params = c2jax.models.init_params(cfg, jax.random.key(0))
     harness = HarnessSampler(Sampler(cfg, params, max_batch=2, max_len=192, chunk=4), temperature=0.0)
     meter = sm.PrefillMeter(SamplerPolicy(harness), slots=2)

@@ -47,7 +47,7 @@ def test_moe_layer_over_split_experts_equals_stacked(preset):
     the MoE module's on the same params, split per expert."""
     cfg = load_config(preset)
     apply_overrides(cfg, {"model.hidden_size": 32, "model.moe_intermediate_size": 16, "model.init_std": 0.2,
-                          "model.moe_dispatch": "grouped"})
+                          "model.moe_dispatch": "dropless"})
     m = cfg.model
     x = jnp.asarray(np.random.default_rng(1).standard_normal((2, 3, m.hidden_size)), jnp.float32)
     layer = moe_lib.MoE(m)
@@ -70,7 +70,7 @@ def test_auto_dispatch_per_target_and_gpu_path_equals_grouped():
     from c2jax.platform import compile_target
     cfg = load_config("configs/tiny.py")
     apply_overrides(cfg, {"model.hidden_size": 32, "model.moe_intermediate_size": 16, "model.init_std": 0.2,
-                          "model.moe_dispatch": "grouped"})
+                          "model.moe_dispatch": "dropless"})
     m = cfg.model
     x = jnp.asarray(np.random.default_rng(3).standard_normal((4, 3, m.hidden_size)), jnp.float32)  # T*K >= E
     params = nn.meta.unbox(moe_lib.MoE(m).init(jax.random.key(4), x)["params"])

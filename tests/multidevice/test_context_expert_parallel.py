@@ -12,7 +12,8 @@ import c2jax
 from c2jax.config import ConfigError, default_config
 from c2jax.models import attention as attention_lib
 from c2jax.backends.cpu import attention as cpu_attention
-from c2jax.parallel import activate, make_mesh, param_shardings
+from c2jax.models import param_shardings
+from c2jax.parallel import activate, make_mesh
 from c2jax.parallel.context import zigzag_order, zigzag_permute, zigzag_unpermute
 from c2jax.train.step import token_nll, total_loss
 
@@ -26,7 +27,7 @@ def _rule(cfg, name, value):
 def _cfg(attention, shape, cp_impl="allgather", experts=("expert",), expert_embed=None):
     cfg = default_config()
     cfg.model.attention = attention
-    cfg.model.moe_dispatch = "grouped"
+    cfg.model.moe_dispatch = "dropless"
     cfg.model.load_balance_loss_weight = 0.01
     cfg.mesh.shape = shape
     cfg.mesh.cp_impl = cp_impl

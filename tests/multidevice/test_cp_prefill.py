@@ -12,8 +12,10 @@ import pytest
 
 import c2jax
 from c2jax.config import load_config
-from c2jax.parallel import activate, make_mesh, param_shardings
+from c2jax.models import param_shardings
+from c2jax.parallel import activate, make_mesh
 from c2jax.parallel import context as cpmod
+from c2jax.models.transformer import context_prefill as tfm_context_prefill
 
 B, L, S, STEPS = 4, 32, 48, 3
 CONFIGS = {"gqa": "configs/tiny.py", "mla": "configs/tiny.py:mla"}
@@ -25,7 +27,7 @@ def _cfg(attention, shape=(1, 1, 1, 1), attention_chunk=0):
     cfg = load_config(os.path.join(ROOT, CONFIGS[attention]))
     cfg.model.dtype = cfg.model.param_dtype = "float32"
     # dropless MoE: capacity dispatch drops tokens by their order, which the zigzag changes
-    cfg.model.moe_dispatch = "grouped"
+    cfg.model.moe_dispatch = "dropless"
     cfg.mesh.shape = shape
     cfg.mesh.attention_chunk = attention_chunk   # local queries in chunks (CP prefill too)
     return cfg
@@ -100,7 +102,7 @@ def test_cp_prefill_matches_single_device(attention, shape, attention_chunk, pre
     with activate(cfg, mesh):
         sharded = jax.device_put(params, param_shardings(cfg, mesh))
         cache = c2jax.models.init_cache(cfg, B, S, jnp.float32)
-        out = jax.jit(functools.partial(cpmod.context_prefill, cfg))(sharded, _prompt(1), _positions(0, L), cache)
+        out = jax.jit(functools.partial(tfm_context_prefill, cfg))(sharded, _prompt(1), _positions(0, L), cache)
         assert prefill_calls, "the CP prefill path did not run"
         assert _rel_err(out.logits, ref_logits) <= 1e-5
         _assert_cache_equal(out.cache, ref_cache)
@@ -128,7 +130,7 @@ def test_cp_prefill_unpermuted_chunked_and_padded(attention, prefill_calls):
         assert _rel_err(out.logits, ref_logits) <= 1e-5
         _assert_cache_equal(out.cache, ref_cache)
         # chunked: 16 + 16 tokens, the second chunk attends over the first one's cache entries
-        prefill = jax.jit(functools.partial(cpmod.context_prefill, cfg))
+        prefill = jax.jit(functools.partial(tfm_context_prefill, cfg))
         first = prefill(sharded, prompt[:, :16], _positions(0, 16), fresh)
         second = prefill(sharded, prompt[:, 16:], _positions(16, 16), first.cache)
         logits = jnp.concatenate([first.logits, second.logits], 1)
@@ -137,7 +139,7 @@ def test_cp_prefill_unpermuted_chunked_and_padded(attention, prefill_calls):
     # padded: 27 tokens on CP 4 (2*CP = 8 does not divide 27)
     _, (ref27_logits, ref27_cache), ref27_toks, ref27_dec = _reference(attention, 27, 2)
     with activate(cfg, mesh):
-        out = jax.jit(functools.partial(cpmod.context_prefill, cfg))(
+        out = jax.jit(functools.partial(tfm_context_prefill, cfg))(
             sharded, _prompt(2, 27), _positions(0, 27), c2jax.models.init_cache(cfg, B, S, jnp.float32))
         assert out.logits.shape == (B, 27, cfg.model.vocab_size)
         assert _rel_err(out.logits, ref27_logits) <= 1e-5

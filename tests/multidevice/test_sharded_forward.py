@@ -5,7 +5,8 @@ import pytest
 
 import c2jax
 from c2jax.config import default_config
-from c2jax.parallel import activate, data_sharding, make_mesh, param_shardings
+from c2jax.models import param_shardings
+from c2jax.parallel import activate, data_sharding, make_mesh
 
 
 @pytest.mark.parametrize("attention,shape", [("gqa", (2, 2, 1, 2)), ("mla", (1, 4, 1, 2))])
@@ -13,7 +14,7 @@ def test_sharded_forward_matches_single_device(attention, shape):
     assert jax.device_count() == 8
     cfg = default_config()
     cfg.model.attention = attention
-    cfg.model.moe_dispatch = "grouped"
+    cfg.model.moe_dispatch = "dropless"
     cfg.mesh.shape = shape
     params = c2jax.models.init_params(cfg, jax.random.key(0))
     tokens = jax.random.randint(jax.random.key(1), (8, 16), 0, cfg.model.vocab_size)

@@ -25,13 +25,14 @@ def main():
     info = distributed.initialize()     # from C2JAX_* env vars (or nothing: single process)
     import c2jax
     from c2jax.config import default_config
-    from c2jax.parallel import activate, data_sharding, make_mesh, param_shardings
+    from c2jax.models import param_shardings
+    from c2jax.parallel import activate, data_sharding, make_mesh
     from c2jax.train.optimizer import make_optimizer
     from c2jax.train.step import init_state, make_train_step, state_shardings
 
     cfg = default_config()
     cfg.model.attention = sys.argv[1]
-    cfg.model.moe_dispatch = "grouped"
+    cfg.model.moe_dispatch = "dropless"
     cfg.mesh.shape = tuple(int(s) for s in sys.argv[2].split(","))
     cfg.mesh.rules = tuple((n, ("fsdp", "context")) if n == "embed" else (n, t) for n, t in cfg.mesh.rules)
     cfg.train.batch_size, cfg.train.seq_len, cfg.train.steps = 4, 16, 3

@@ -23,7 +23,7 @@ EXPERT_RATIO = {"int8": 3.5, "mxfp8": 3.5, "nvfp4": 5.5}
 
 def make_cfg(quant="none"):
     cfg = c2jax.config.default_config()
-    cfg.model.moe_dispatch = "grouped"
+    cfg.model.moe_dispatch = "dropless"
     cfg.model.init_std = 0.2
     cfg.model.quant = quant
     return cfg

@@ -28,7 +28,7 @@ KW = {"max_batch": 3, "max_len": 32, "chunk": 4}
 def make_cfg(attention="gqa", dtype="float32"):
     cfg = c2jax.config.default_config()
     cfg.model.attention = attention
-    cfg.model.moe_dispatch = "grouped"  # dropless reference routing
+    cfg.model.moe_dispatch = "dropless"  # dropless reference routing
     cfg.model.init_std = 0.2            # peaked logits: greedy argmax is not decided by float noise
     cfg.model.dtype = dtype
     return cfg

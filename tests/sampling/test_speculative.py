@@ -22,7 +22,7 @@ PAD = 48
 def make_cfg(attention="gqa", depth=2):
     cfg = c2jax.config.default_config()
     cfg.model.attention = attention
-    cfg.model.moe_dispatch = "grouped"
+    cfg.model.moe_dispatch = "dropless"
     cfg.model.init_std = 0.2
     cfg.model.num_mtp_layers = depth
     return cfg

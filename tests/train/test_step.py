@@ -14,7 +14,7 @@ from c2jax.train.step import init_state, mtp_distill_loss, train_step
 def _cfg(*extra):
     return load_config("configs/tiny.py:mla", [
         "--config.model.hidden_size=32", "--config.model.num_layers=2", "--config.model.moe_intermediate_size=16",
-        "--config.model.intermediate_size=32", "--config.model.moe_dispatch=grouped",
+        "--config.model.intermediate_size=32", "--config.model.moe_dispatch=dropless",
         "--config.model.vocab_size=128", "--config.model.init_std=0.1", "--config.train.warmup_steps=0", *extra])
 
 

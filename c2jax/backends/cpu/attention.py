@@ -32,7 +32,7 @@ def usable(q_BLHP, k_BLGP, v_BLGO) -> str | None:
         return "operands are not float32"
     if q_BLHP.shape[-1] % 16 or v_BLGO.shape[-1] % 16:
         return "head dims must be multiples of 16"
-    return cpu_kernels.training_unavailable()
+    return cpu_kernels.unavailable()
 
 
 def causal_attention(q_BLHP, k_BLGP, v_BLGO, positions_BL, segment_ids_BL, scale: float):

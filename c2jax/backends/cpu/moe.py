@@ -26,27 +26,21 @@ import jax.numpy as jnp
 import numpy as np
 
 from c2jax.backends.cpu import kernels as cpu_kernels
+from c2jax.ops.stacked import LayerExperts  # noqa: F401  (the view the kernels read)
 
 
-class LayerExperts(NamedTuple):
-    """One layer's expert weights as a view into the stacks of all N layers (the scanned model's
-    params): the kernels read layer `layer` of w_gate / w_up [N, E, D, F] and w_down [N, E, F, D] in
-    place, where XLA would copy each layer's slice out for every call (~60 ms of the 89M bench's
-    step). Gradients still flow through the per-layer weights given beside it."""
-
-    w_gate_NEDF: jax.Array
-    w_up_NEDF: jax.Array
-    w_down_NEFD: jax.Array
-    layer: jax.Array  # int32 []
+def usable_operands(x_dtype, w_dtype, D: int, F: int) -> str | None:
+    """Why the kernel cannot run operands of these dtypes and widths (None when it can)."""
+    if w_dtype != jnp.float32 or x_dtype != jnp.float32:
+        return "activations or expert weights are not float32"
+    if D % 64 or F % 64:
+        return "width and expert width must be multiples of 64"
+    return cpu_kernels.unavailable()
 
 
 def usable(x_TD, w_gate_EDF) -> str | None:
-    """Why the kernel cannot run these operands in the current trace (None when it can)."""
-    if getattr(w_gate_EDF, "dtype", None) != jnp.float32 or x_TD.dtype != jnp.float32:
-        return "activations or expert weights are not float32"
-    if x_TD.shape[-1] % 64 or w_gate_EDF.shape[-1] % 64:
-        return "width and expert width must be multiples of 64"
-    return cpu_kernels.training_unavailable()
+    """Why the kernel cannot run these operands (None when it can)."""
+    return usable_operands(x_TD.dtype, getattr(w_gate_EDF, "dtype", None), x_TD.shape[-1], w_gate_EDF.shape[-1])
 
 
 def expert_ffn(x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_down_EFD, cap: int,

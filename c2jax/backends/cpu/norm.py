@@ -32,7 +32,7 @@ def usable(x, weight, rope: bool = False) -> str | None:
         return "x must have rows"
     if x.shape[-1] % (32 if rope else 16):
         return f"the last dim must be a multiple of {32 if rope else 16}"
-    return cpu_kernels.training_unavailable()
+    return cpu_kernels.unavailable()
 
 
 def rms_norm(x, weight, eps: float):

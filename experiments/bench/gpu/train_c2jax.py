@@ -10,7 +10,7 @@ with per-variant overrides for the GPU:
   bf16_cf2      as bf16 with capacity_factor 2.0
   bf16_cf8      as bf16 with capacity_factor 8.0 (train_step.py's CPU setting: capacity = all tokens,
                 8x the routed expert FLOPs on this batched-einsum path)
-  bf16_grouped  as bf16 with moe_dispatch=grouped (dropless; pallas_kernels' XLA scan fallback on GPU)
+  bf16_grouped  as bf16 with moe_dispatch=dropless (dropless; pallas_kernels' XLA scan fallback on GPU)
   f32           model.dtype=float32, capacity_factor 1.25
 The capacity path on GPU gathers each expert's first C = factor * T * K / E assignments into one
 batched einsum; the dropped fraction (random tokens, fresh router) is reported with each row.
@@ -35,7 +35,7 @@ VARIANTS = {
     "bf16_pbf16": {"model.dtype": "bfloat16", "model.param_dtype": "bfloat16", "model.capacity_factor": 1.25},
     "bf16_cf2": {"model.dtype": "bfloat16", "model.capacity_factor": 2.0},
     "bf16_cf8": {"model.dtype": "bfloat16", "model.capacity_factor": 8.0},
-    "bf16_grouped": {"model.dtype": "bfloat16", "model.moe_dispatch": "grouped"},
+    "bf16_grouped": {"model.dtype": "bfloat16", "model.moe_dispatch": "dropless"},
     "f32": {"model.dtype": "float32", "model.capacity_factor": 1.25},
 }
 # the grouped path on GPU is pallas_kernels' XLA fallback: a sequential scan of ~(T*K/128 + E) small
@@ -142,7 +142,7 @@ def run_variant(args, ts, name: str, peaks: dict) -> dict:
             s.split("=", 1) for s in args.set)},
         "dtype": cfg.model.dtype, "param_dtype": cfg.model.param_dtype,
         "dispatch": resolve_dispatch(cfg.model), "capacity_factor": cfg.model.capacity_factor,
-        "attention_impl": cfg.model.attention_impl,
+        "kernels": dict(cfg.model.kernels),
         "batch": B, "seq": L, "tokens_per_step": B * L,
         "params": counts["total"], "params_match_peer": counts["total"] == ts.PEER_PARAMS,
         "flops_per_token": fpt,

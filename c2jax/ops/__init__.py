@@ -1,0 +1,24 @@
+"""c2jax.ops: one layer decides how each op the model uses is computed.
+
+Per op (attention, decode_attention, experts, matmul, norm, token_nll, optimizer) a registry of
+named implementations with `supported(target, **spec) -> reason | None`; the config picks
+(`model.kernels.<op>`, `train.optimizer`): "auto" = the op's table for the target platform, a
+name = that implementation or an error with its reason. The target comes from the active mesh's
+devices (c2jax.ops.target). `python -m c2jax.ops` lists the implementations.
+
+This package's __init__ imports no op module (they import c2jax.parallel, which imports the
+leaf modules here); import the op modules themselves: `from c2jax.ops import experts`.
+"""
+from c2jax.ops.registry import OPS, KernelUnavailable, kernels_choice, record_choices  # noqa: F401
+from c2jax.ops.target import Target, current_target, target_of_mesh  # noqa: F401
+
+OP_MODULES = ("c2jax.ops.attention", "c2jax.ops.experts", "c2jax.ops.layers", "c2jax.ops.token_nll",
+              "c2jax.ops.optimizer")
+
+
+def load_all() -> dict:
+    """Import every op module (filling OPS) and return OPS."""
+    import importlib
+    for name in OP_MODULES:
+        importlib.import_module(name)
+    return OPS

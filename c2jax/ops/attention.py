@@ -1,0 +1,176 @@
+"""Attention ops: `attention` (training and prefill self-attention over packed rows) and
+`decode_attention` (a few new queries per row against a KV cache), each one registry.
+
+Under a context-parallel mesh the sequence layouts of c2jax.parallel.context run (their local
+attention is XLA's); on other multi-device meshes a Mosaic kernel runs inside a shard_map over
+the batch axes (GSPMD cannot partition a custom call).
+
+Letters: B batch, L query length, S key length (cache slots), H query heads, G kv heads, P q/k
+head dim, O value dim.
+"""
+from __future__ import annotations
+
+import jax
+from jax.sharding import PartitionSpec as P
+
+from c2jax.ops import attention_xla as xla
+from c2jax.ops.attention_xla import DECODE_MAX_QUERIES, attention_mask
+from c2jax.ops.registry import define_op, kernels_choice
+from c2jax.ops.target import Target, current_target
+from c2jax.parallel import context as cp
+from c2jax.parallel.mesh import active_logical_axes, divisible_axes, spec_entry
+
+ATTENTION = define_op("attention", {
+    "tpu": ("pallas_flash", "xla_blocked"),
+    "cpu": ("cpu_ffi", "xla_blocked"),
+    "gpu": ("xla_blocked",),
+})
+DECODE_ATTENTION = define_op("decode_attention", {
+    "tpu": ("pallas", "xla"),
+    # XLA CPU copies each layer's K/V cache transposed for the batched-matmul form at every step
+    "cpu": ("xla_reduce", "xla"),
+    "gpu": ("xla",),
+})
+
+
+# ----------------------------------------------------------------------------- training / prefill
+
+
+def _not_cp(spec):
+    return "context parallelism runs its own XLA attention over the gathered keys" if spec["cp"] else None
+
+
+def _flash_ok(target: Target, **spec):
+    if target.platform != "tpu":
+        return f"a Mosaic kernel (target is {target.platform})"
+    return _not_cp(spec)
+
+
+def _cpu_attention_ok(target: Target, **spec):
+    if target.platform != "cpu":
+        return f"an XLA:CPU FFI kernel (target is {target.platform})"
+    if target.devices > 1:
+        return "an FFI call has no sharding rule (a multi-device mesh is active)"
+    if spec["cp"]:
+        return _not_cp(spec)
+    from c2jax.backends.cpu import attention as cpu_attention
+    return cpu_attention.usable(spec["q"], spec["k"], spec["v"])
+
+
+@ATTENTION.register("xla_blocked", doc="query blocks over the keys up to each block (half the L x L scores)")
+def _xla_blocked(q, k, v, positions_BL, segment_ids_BL, scale):
+    return xla.causal_block_attention(q, k, v, positions_BL, segment_ids_BL, scale)
+
+
+@ATTENTION.register("xla_dense", lambda target, **spec: _not_cp(spec), doc="the full masked L x L product")
+def _xla_dense(q, k, v, positions_BL, segment_ids_BL, scale):
+    mask = attention_mask(positions_BL, positions_BL, segment_ids_BL, segment_ids_BL)
+    return xla.dot_product_attention(q, k, v, mask, scale)
+
+
+@ATTENTION.register("cpu_ffi", _cpu_attention_ok, doc="c2jax/backends/cpu/cpu_attention.cc, forward and backward")
+def _cpu_ffi(q, k, v, positions_BL, segment_ids_BL, scale):
+    from c2jax.backends.cpu import attention as cpu_attention
+    return cpu_attention.causal_attention(q, k, v, positions_BL, segment_ids_BL, scale).astype(q.dtype)
+
+
+def _flash(impl: str):
+    def run(q, k, v, positions_BL, segment_ids_BL, scale):
+        import pallas_kernels
+        out = pallas_kernels.flash_attention(
+            q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3),
+            segment_ids_BL=segment_ids_BL, causal=True, sm_scale=scale, impl=impl)
+        return out.transpose(0, 2, 1, 3)
+    return run
+
+
+ATTENTION.register("pallas_flash", _flash_ok, doc="Pallas Mosaic flash attention, forward and backward")(_flash("pallas"))
+ATTENTION.register("pallas_flash_interpret", lambda target, **spec: _not_cp(spec),
+                   doc="the flash kernel run by the Pallas interpreter (tests on CPU)")(_flash("interpret"))
+
+
+def attention(kernels, q_BLHP, k_BLGP, v_BLGO, positions_BL, segment_ids_BL, scale: float):
+    """Causal self-attention of packed rows (keys = the queries' own row) by position and segment
+    -> [B, L, H, O]. kernels: the model config's `kernels` section."""
+    L = q_BLHP.shape[1]
+    target = current_target()
+    cp_on = cp.cp_active(L)
+    impl = ATTENTION.select(kernels_choice(kernels, "attention"), target, q=q_BLHP, k=k_BLGP, v=v_BLGO, cp=cp_on)
+    if cp_on:
+        return cp.gqa_context_attention(q_BLHP, k_BLGP, v_BLGO, positions_BL, segment_ids_BL, scale)
+    if impl.name.startswith("pallas") and target.devices > 1:
+        return _per_batch_shard(impl.fn, q_BLHP, k_BLGP, v_BLGO, positions_BL, segment_ids_BL, scale)
+    return impl.fn(q_BLHP, k_BLGP, v_BLGO, positions_BL, segment_ids_BL, scale)
+
+
+def _per_batch_shard(fn, q, k, v, positions_BL, segment_ids_BL, scale):
+    """fn on each device's batch rows inside a shard_map (rows are independent)."""
+    b_axes = divisible_axes(q.shape[0], tuple(a for a in active_logical_axes("batch") if a != "context"))
+    spec4, spec2 = P(spec_entry(b_axes), None, None, None), P(spec_entry(b_axes), None)
+    body = lambda q, k, v, p, s: fn(q, k, v, p, s, scale)  # noqa: E731
+    return jax.shard_map(body, in_specs=(spec4, spec4, spec4, spec2, spec2), out_specs=spec4)(
+        q, k, v, positions_BL, segment_ids_BL)
+
+
+# ----------------------------------------------------------------------------- decode
+
+
+def _decode_pallas_ok(target: Target, **spec):
+    if target.platform != "tpu" and not spec.get("interpret"):
+        return f"a Mosaic kernel (target is {target.platform})"
+    if spec["L"] != 1:
+        return f"one query per row (got {spec['L']})"
+    return None
+
+
+@DECODE_ATTENTION.register("xla", doc="masked batched matmuls over the cache")
+def _decode_xla(q, k, v, positions_BL, scale):
+    B, S = k.shape[:2]
+    return xla.dot_product_attention(q, k, v, attention_mask(positions_BL, _slots(B, S)), scale)
+
+
+@DECODE_ATTENTION.register("xla_reduce", lambda target, **spec: None if spec["L"] <= DECODE_MAX_QUERIES else
+                           f"at most {DECODE_MAX_QUERIES} queries per row (got {spec['L']})",
+                           doc="f32 multiply-reduce on the cache's own [B, S, G, P] layout")
+def _decode_reduce(q, k, v, positions_BL, scale):
+    B, S = k.shape[:2]
+    return xla.decode_attention_reduce(q, k, v, attention_mask(positions_BL, _slots(B, S)), scale)
+
+
+def _decode_pallas(impl: str):
+    def run(q, k, v, positions_BL, scale):
+        import pallas_kernels
+        S = k.shape[1]
+        lengths_B = jax.numpy.clip(positions_BL[:, 0] + 1, 0, S).astype(jax.numpy.int32)
+        out = pallas_kernels.decode_attention(q[:, 0], k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), lengths_B,
+                                              sm_scale=scale, impl=impl)
+        return out[:, None]
+    return run
+
+
+DECODE_ATTENTION.register("pallas", _decode_pallas_ok, doc="Pallas Mosaic decode attention (one query per row)")(
+    _decode_pallas("pallas"))
+DECODE_ATTENTION.register("pallas_interpret", lambda target, **spec: _decode_pallas_ok(target, interpret=True, **spec),
+                          doc="the decode kernel run by the Pallas interpreter (tests on CPU)")(
+    _decode_pallas("interpret"))
+
+
+def _slots(B: int, S: int):
+    return jax.numpy.broadcast_to(jax.numpy.arange(S, dtype=jax.numpy.int32), (B, S))
+
+
+def decode_attention(kernels, q_BLHP, k_BSGP, v_BSGO, positions_BL, scale: float):
+    """Queries at positions_BL attend cache slots [0, position] (slot index == position) -> [B, L, H, O]."""
+    target = current_target()
+    impl = DECODE_ATTENTION.select(kernels_choice(kernels, "decode_attention"), target, L=q_BLHP.shape[1])
+    if impl.name.startswith("pallas") and target.devices > 1:
+        b_axes = divisible_axes(q_BLHP.shape[0], tuple(a for a in active_logical_axes("batch") if a != "context"))
+        s4, s2 = P(spec_entry(b_axes), None, None, None), P(spec_entry(b_axes), None)
+        body = lambda q, k, v, p: impl.fn(q, k, v, p, scale)  # noqa: E731
+        return jax.shard_map(body, in_specs=(s4, s4, s4, s2), out_specs=s4)(q_BLHP, k_BSGP, v_BSGO, positions_BL)
+    return impl.fn(q_BLHP, k_BSGP, v_BSGO, positions_BL, scale)
+
+
+def write_cache(cache_BS_, new_BL_, positions_BL):
+    """Write new entries into cache rows at their positions (out-of-range positions dropped)."""
+    return xla.write_cache(cache_BS_, new_BL_, positions_BL, current_target().platform)

@@ -1,0 +1,119 @@
+"""Kernel registries: for each op, named implementations with a `supported(target, **spec)` check,
+and one choice per call site: a pinned name (an error with its reason when it cannot run) or
+"auto" (the first supported name in the op's AUTO order for the target's platform).
+
+Every choice made while tracing is recorded (`record_choices`), so tests and compile-check can
+say which implementation each program contains.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+from typing import Any, Callable
+
+from c2jax.ops.target import Target
+
+
+class KernelUnavailable(ValueError):
+    """A pinned implementation cannot run these operands on this target (the message says why)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Impl:
+    """One implementation of an op: `fn` computes it, `supported(target, **spec)` returns why it
+    cannot run (None when it can)."""
+
+    name: str
+    fn: Callable
+    supported: Callable[..., str | None]
+    doc: str = ""
+
+
+class Op:
+    """A registry of implementations of one op, with its auto order per platform."""
+
+    def __init__(self, name: str, auto: dict[str, tuple[str, ...]]):
+        self.name, self.auto, self.impls = name, auto, {}
+
+    def register(self, name: str, supported: Callable[..., str | None] | None = None, doc: str = ""):
+        """Decorator: register `fn` under `name` (supported=None: runs everywhere)."""
+        def deco(fn):
+            if name in self.impls:
+                raise ValueError(f"op {self.name!r} already has an implementation named {name!r}")
+            self.impls[name] = Impl(name, fn, supported or (lambda target, **spec: None), doc or (fn.__doc__ or ""))
+            return fn
+        return deco
+
+    def names(self) -> tuple[str, ...]:
+        """The registered implementation names."""
+        return tuple(self.impls)
+
+    def select(self, choice: str, target: Target, **spec) -> Impl:
+        """The implementation for `choice` ("auto" or a name) on `target` for operands `spec`."""
+        if choice != "auto":
+            impl = self.impls.get(choice)
+            if impl is None:
+                raise KernelUnavailable(f"model.kernels.{self.name}={choice!r} is not an implementation of "
+                                        f"{self.name}; choose 'auto' or one of {sorted(self.impls)}")
+            why = impl.supported(target, **spec)
+            if why:
+                raise KernelUnavailable(f"model.kernels.{self.name}={choice!r} cannot run here ({target}): {why}; "
+                                        f"set model.kernels.{self.name}='auto' or another of {sorted(self.impls)}")
+            return _record(self.name, impl)
+        reasons = []
+        for name in self.auto.get(target.platform, ()) + self.auto.get("*", ()):
+            impl = self.impls[name]
+            why = impl.supported(target, **spec)
+            if why is None:
+                return _record(self.name, impl)
+            reasons.append(f"{name}: {why}")
+        raise KernelUnavailable(f"no implementation of {self.name} runs here ({target}): " + "; ".join(reasons))
+
+    def why_not(self, name: str, target: Target, **spec) -> str | None:
+        """Why implementation `name` cannot run (None when it can); no choice is recorded."""
+        return self.impls[name].supported(target, **spec)
+
+
+OPS: dict[str, Op] = {}
+
+
+def define_op(name: str, auto: dict[str, tuple[str, ...]]) -> Op:
+    """Create the registry of op `name` with its auto order ({platform or "*": names})."""
+    if name in OPS:
+        raise ValueError(f"op {name!r} is defined twice")
+    OPS[name] = Op(name, auto)
+    return OPS[name]
+
+
+# ----------------------------------------------------------------------------- choice records
+
+_RECORDS: contextvars.ContextVar = contextvars.ContextVar("c2jax_kernel_choices", default=None)
+
+
+def _record(op: str, impl: Impl) -> Impl:
+    rec = _RECORDS.get()
+    if rec is not None:
+        rec.setdefault(op, {})
+        rec[op][impl.name] = rec[op].get(impl.name, 0) + 1
+    return impl
+
+
+@contextlib.contextmanager
+def record_choices():
+    """Collect {op: {implementation: call sites traced}} of the choices made inside the block
+    (trace a program inside it: jit(...).lower(...))."""
+    rec: dict[str, dict[str, int]] = {}
+    token = _RECORDS.set(rec)
+    try:
+        yield rec
+    finally:
+        _RECORDS.reset(token)
+
+
+def kernels_choice(kernels: Any, op: str) -> str:
+    """The configured choice of `op` in a model config's `kernels` section ("auto" when unset)."""
+    if kernels is None:
+        return "auto"
+    value = kernels.get(op, "auto") if hasattr(kernels, "get") else getattr(kernels, op, "auto")
+    return value or "auto"
