@@ -61,7 +61,7 @@ def _linear_params(mod, in_features: int):
 
 def _prepared(w) -> bool:
     """A weight in a decode layout (pre-quantized or packed by the sampler), not a plain array."""
-    return w is not None and not hasattr(w, "ndim")
+    return w is not None and not isinstance(w, nn.meta.AxisMetadata) and not hasattr(w, "ndim")
 
 
 def fused_linears(x, weights, dtype, kernels=None):

@@ -17,7 +17,9 @@ from c2jax.models.layers import MLP, dtype_of
 from c2jax.ops import experts as experts_ops
 from c2jax.ops.experts_xla import (ShardedExperts, block_dispatch, capacity_dispatch,  # noqa: F401  (re-exported)
                                    ffn_column_split, gather_dispatch, grouped_dispatch, shard_experts, sort_assignments,
-                                   split_dispatch, split_experts, window_widths)
+                                   split_experts, window_widths)
+
+split_dispatch = experts_ops.decode_layout_experts   # the decode layouts' dispatch (tests, sampler)
 
 
 # ----------------------------------------------------------------------------- routing

@@ -7,7 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from c2jax.models import moe
+from c2jax.ops import experts as experts_ops
+from c2jax.ops import experts_xla
+from c2jax.ops import record_choices
 from c2jax.backends.cpu import attention as cpu_attention
 from c2jax.backends.cpu import kernels as cpu_kernels
 from c2jax.backends.cpu import moe as cpu_moe
@@ -78,16 +80,15 @@ def test_kernel_matches_references(T, K, E, D, F, cap):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-5)
 
 
-def test_capacity_dispatch_takes_the_kernel_and_reports_drops_like_xla(monkeypatch):
+def test_capacity_dispatch_takes_the_kernel_and_reports_drops_like_xla():
     x, ids, weights, wg, wu, wd, _ = _inputs(300, 2, 8, 128, 64, 1)
-    calls = []
-    real = cpu_moe.expert_ffn
-    monkeypatch.setattr(cpu_moe, "expert_ffn", lambda *a, **k: calls.append(1) or real(*a, **k))
-    out, dropped = moe.capacity_dispatch(x, ids, weights, wg, wu, wd, 1.0)
-    assert calls and float(dropped) > 0
-    monkeypatch.setattr(cpu_moe, "usable", lambda *a: "off for the reference")
-    out_xla, dropped_xla = moe.capacity_dispatch(x, ids, weights, wg, wu, wd, 1.0)
-    np.testing.assert_allclose(out, out_xla, rtol=1e-5, atol=1e-5)
+    with record_choices() as rec:
+        out, dropped = experts_ops.experts({"experts": "cpu_ffi"}, x[None], ids[None], weights[None], wg, wu, wd,
+                                           capacity_factor=1.0)
+    assert rec == {"experts": {"cpu_ffi": 1}} and float(dropped) > 0
+    cap = experts_xla.capacity(300, 2, 8, 1.0)
+    out_xla, dropped_xla = experts_xla.capacity_dispatch(x, ids, weights, wg, wu, wd, cap)
+    np.testing.assert_allclose(out[0], out_xla, rtol=1e-5, atol=1e-5)
     assert float(dropped) == pytest.approx(float(dropped_xla))
 
 
@@ -140,6 +141,7 @@ def test_training_loss_and_grads_equal_with_cpu_kernels_off(monkeypatch):
     cfg = config.load_config_file("configs/tiny.py")
     m = cfg.model
     m.dtype = m.param_dtype = "float32"
+    m.kernels.experts, m.kernels.attention = "cpu_ffi", "cpu_ffi"
     model = Transformer(m)
     params = init_params(cfg, jax.random.key(0))
     B, L = 2, 48
@@ -160,9 +162,11 @@ def test_training_loss_and_grads_equal_with_cpu_kernels_off(monkeypatch):
     l_ker, g_ker = jax.value_and_grad(loss)(params)
     assert set(calls) == {"expert_ffn", "causal_attention"}, "the training forward did not use both kernels"
     assert any(v is not None for v in stacked), "the scanned MoE layers did not pass their stacked weights"
-    monkeypatch.setattr(cpu_moe, "usable", lambda *a: "off for the reference")
-    monkeypatch.setattr(cpu_attention, "usable", lambda *a: "off for the reference")
-    l_xla, g_xla = jax.value_and_grad(loss)(params)
+    m.kernels.experts, m.kernels.attention = "xla_blocks", "xla_blocked"
+    model = Transformer(m)
+    with record_choices() as rec:
+        l_xla, g_xla = jax.value_and_grad(loss)(params)
+    assert set(rec["experts"]) == {"xla_blocks"} and set(rec["attention"]) == {"xla_blocked"}
     np.testing.assert_allclose(l_ker, l_xla, rtol=1e-6)
     for a, b in zip(jax.tree.leaves(g_ker), jax.tree.leaves(g_xla)):
         np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-6)
@@ -180,7 +184,8 @@ def test_layers_computing_in_another_dtype_than_their_params_get_no_stacks(monke
     seen = []
     real = cpu_moe.expert_ffn
     monkeypatch.setattr(cpu_moe, "expert_ffn", lambda *a, **k: seen.append(k.get("stacked")) or real(*a, **k))
+    cfg.model.kernels.experts = "cpu_ffi"
     out = forward(cfg, params, ids)
     assert seen and all(v is None for v in seen)
-    monkeypatch.setattr(cpu_moe, "usable", lambda *a: "off for the reference")
+    cfg.model.kernels.experts = "xla_blocks"
     np.testing.assert_allclose(out, forward(cfg, params, ids), rtol=1e-4, atol=1e-4)

@@ -53,7 +53,7 @@ def test_fixture_routing_is_imbalanced(name):
     n_moe, E = counts.shape
     B, L = ref["input_ids"].shape
     K = ref["expert_ids"].shape[-1]
-    assert (E, K) == (m.num_experts, m.num_experts_per_tok) and n_moe >= 1
+    assert (m.num_experts, m.num_experts_per_tok) == (E, K) and n_moe >= 1
     for layer in range(n_moe):
         assert counts[layer].sum() == B * L * K
         np.testing.assert_array_equal(counts[layer], np.bincount(ref["expert_ids"][layer].ravel(), minlength=E))

@@ -4,7 +4,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from c2jax.models.layers import _rotate_pairs, apply_rope
+from c2jax.models.layers import apply_rope
+from c2jax.ops.layers import _rotate_pairs
 
 
 @pytest.mark.parametrize("interleave", [False, True])

@@ -1,4 +1,4 @@
-"""The CPU capacity path (`_block_dispatch`: expert-aligned row blocks, run CPU_BLOCK_GROUP blocks
+"""The CPU capacity path (`block_dispatch`: expert-aligned row blocks, run CPU_BLOCK_GROUP blocks
 at a time while that many are left) against the plain per-token gather reference, values and
 gradients, with small blocks so every expert has whole groups, leftover blocks and padding."""
 import jax
@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from c2jax.models import moe as moe_lib
+from c2jax.ops import experts_xla as moe_lib
 
 
 def _inputs(seed, T, D, F, E, K, skew):
@@ -33,7 +33,7 @@ def test_block_dispatch_equals_gather_reference(T, E, K, block, skew):
     def loss(fn, x, wts, *w):
         return jnp.sum(fn(x, ids, wts, *w)[0] * g)
 
-    block_fn = lambda x, i, wt, *w: moe_lib._block_dispatch(x, i, wt, *w, cap=T, block=block)  # noqa: E731
+    block_fn = lambda x, i, wt, *w: moe_lib.block_dispatch(x, i, wt, *w, cap=T, block=block)  # noqa: E731
     got, dropped = jax.jit(block_fn)(x, ids, wts, *ws)
     want, _ = moe_lib.gather_dispatch(x, ids, wts, *ws)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
@@ -48,7 +48,7 @@ def test_block_dispatch_drops_past_capacity_like_the_einsum_path():
     T, E, K, D, F = 48, 4, 2, 8, 12
     x, ids, wts, ws = _inputs(3, T, D, F, E, K, skew=True)
     cap = 10                                                  # expert 0 has 48 assignments: 38 drop
-    got, dropped = moe_lib._block_dispatch(x, ids, wts, *ws, cap=cap, block=3)
+    got, dropped = moe_lib.block_dispatch(x, ids, wts, *ws, cap=cap, block=3)
     # reference: zero the dropped assignments' weights (rank >= cap in token order per expert)
     flat = np.asarray(ids).ravel()
     rank = np.array([np.sum(flat[:a] == flat[a]) for a in range(flat.size)])

@@ -62,33 +62,3 @@ def test_moe_layer_over_split_experts_equals_stacked(preset):
     np.testing.assert_allclose(y, want_y, atol=2e-5, rtol=1e-5)
 
 
-def test_auto_dispatch_per_target_and_gpu_path_equals_grouped():
-    """moe_dispatch=auto: grouped on TPU, capacity on CPU and GPU (grouped with quantized weights);
-    the GPU capacity path (padded [E, C, D] einsum, dropless as the sampler sets it) equals the
-    grouped dispatch."""
-    from c2jax.models.moe import make_dropless, resolve_dispatch
-    from c2jax.platform import compile_target
-    cfg = load_config("configs/tiny.py")
-    apply_overrides(cfg, {"model.hidden_size": 32, "model.moe_intermediate_size": 16, "model.init_std": 0.2,
-                          "model.moe_dispatch": "dropless"})
-    m = cfg.model
-    x = jnp.asarray(np.random.default_rng(3).standard_normal((4, 3, m.hidden_size)), jnp.float32)  # T*K >= E
-    params = nn.meta.unbox(moe_lib.MoE(m).init(jax.random.key(4), x)["params"])
-    want_y, want_aux = moe_lib.MoE(m).apply({"params": params}, x)
-    auto = load_config("configs/tiny.py").model
-    auto.moe_dispatch = "auto"
-    for target, want in (("tpu", "grouped"), ("gpu", "capacity"), ("cpu", "capacity")):
-        with compile_target(target):
-            assert resolve_dispatch(auto) == want, target
-    auto.quant = "int8"
-    with compile_target("gpu"):
-        assert resolve_dispatch(auto) == "grouped"
-    apply_overrides(cfg, {"model.moe_dispatch": "auto"})
-    m_gpu = cfg.model
-    with compile_target("gpu"):
-        make_dropless(m_gpu)
-        assert m_gpu.moe_dispatch == "capacity"
-        y, aux = jax.jit(lambda p, x: moe_lib.MoE(m_gpu).apply({"params": p}, x))(params, x)
-    np.testing.assert_allclose(y, want_y, atol=2e-5, rtol=1e-5)
-    np.testing.assert_array_equal(aux["expert_ids"], want_aux["expert_ids"])
-    assert float(aux["dropped_fraction"]) == 0.0

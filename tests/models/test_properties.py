@@ -15,6 +15,7 @@ import c2jax
 from small_models import small_model_cfg
 from c2jax.config import load_config
 from c2jax.models import moe as moe_lib
+from c2jax.ops import experts_xla
 
 ATTENTIONS = ["gqa", "mla"]
 B, L = 2, 10  # every jitted model call uses this shape, so each function compiles once
@@ -205,7 +206,7 @@ def test_tiny_capacity_drops_and_changes_output(monkeypatch):
     """On one MoE layer: capacity_factor 0.1 drops assignments (dropped_fraction > 0) and the
     output differs from the dropless path; with capacity_factor = num_experts nothing drops.
     (Small token counts are dropless by design; lower that floor so this small T can drop.)"""
-    monkeypatch.setattr(moe_lib, "MIN_DROPLESS_CAPACITY", 1)
+    monkeypatch.setattr(experts_xla, "MIN_DROPLESS_CAPACITY", 1)
     outs = {}
     for name, kw in {"grouped": {}, "ample": {"moe_dispatch": "capacity", "capacity_factor": 8.0},
                      "tiny": {"moe_dispatch": "capacity", "capacity_factor": 0.1}}.items():
