@@ -68,7 +68,7 @@ def _blocks_ok(target: Target, **spec):
 
 
 def _capacity_ok(target: Target, **spec):
-    if spec["cap"] >= spec["T"] and spec["E"] > spec["K"]:
+    if not spec.get("capacity", False) and spec["E"] > spec["K"]:
         return "dropless dispatch asked: the capacity einsum would compute E x T rows"
     return _spec_reason(spec)
 
@@ -126,7 +126,7 @@ def experts(kernels, x_BLD, ids_BLK, weights_BLK, w_gate, w_up, w_down, *, quant
     cap = xla.capacity(T, K, E, capacity_factor)
     target = current_target()
     impl = EXPERTS.select(kernels_choice(kernels, "experts"), target, T=T, K=K, E=E, D=D, F=F, cap=cap,
-                          quant=quant, ep=plan is not None, x_dtype=x_BLD.dtype, w_dtype=w_gate.dtype)
+                          capacity=capacity_factor is not None, quant=quant, ep=plan is not None, x_dtype=x_BLD.dtype, w_dtype=w_gate.dtype)
     ws = (w_gate, w_up, w_down)
     if plan is not None:
         local = lambda x_RD, eid_R, wg, wu, wd: ep.sorted_local_experts(  # noqa: E731
