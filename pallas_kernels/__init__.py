@@ -1,11 +1,12 @@
 """pallas_kernels: the dispatcher the model calls (c2jax never calls a backend kernel directly).
 
-Backend from jax.default_backend(): "tpu" -> Pallas Mosaic kernels; "gpu" -> XLA (no Pallas GPU
-kernels yet); "cpu" -> XLA fallback. `impl=` overrides: "auto" | "xla" | "pallas" |
-"interpret" (Pallas kernels run by the interpreter, for CPU tests) | "reference" (pure jnp).
+`impl=`: "auto" | "xla" | "pallas" | "interpret" (Pallas kernels run by the interpreter, for CPU
+tests) | "reference" (pure jnp). "auto" needs `platform=` ("cpu" | "gpu" | "tpu": the platform the
+program is compiled for, i.e. the mesh's devices, never the host's default backend): "tpu" -> Pallas
+Mosaic kernels; "gpu" -> XLA (no Pallas GPU kernels yet); "cpu" -> XLA fallback.
 """
 # Dim letters: M rows, K contraction, N output, G groups (experts), B batch, H q heads,
-# Hk kv heads, L length, D q/k head dim, Dv v head dim, S cache length.
+# Hk kv heads, L (query) length, S key / cache length, D q/k head dim, Dv v head dim.
 from __future__ import annotations
 
 import jax.numpy as jnp
@@ -55,52 +56,99 @@ __all__ = [
 
 
 def gmm(lhs_MK, rhs_GKN, group_sizes_G, *, quant="none", preferred_element_type=jnp.float32,
-        impl="auto", tiling=None):
+        impl="auto", platform=None, tiling=None):
     """Grouped matmul out[m] = lhs[m] @ rhs[group(m)] for rows sorted by group; custom_vjp (MXFP8 backward if quantized).
 
     rhs_GKN may be a QuantizedExperts from quantize_experts (inference: weights stored quantized, forward only).
     """
     return _gmm_ops.gmm(lhs_MK, rhs_GKN, group_sizes_G, quant=quant,
-                        preferred_element_type=preferred_element_type, impl=resolve_impl(impl),
+                        preferred_element_type=preferred_element_type, impl=resolve_impl(impl, platform),
                         tiling=tiling)
 
 
-def tgmm(lhs_MK, dy_MN, group_sizes_G, *, preferred_element_type=jnp.float32, impl="auto", tiling=None):
+def tgmm(lhs_MK, dy_MN, group_sizes_G, *, preferred_element_type=jnp.float32, impl="auto", platform=None,
+         tiling=None):
     """Per-group weight gradient out[g] = lhs[rows of g]^T @ dy[rows of g] -> [G,K,N]."""
     return _gmm_ops.tgmm(lhs_MK, dy_MN, group_sizes_G, preferred_element_type=preferred_element_type,
-                         impl=resolve_impl(impl), tiling=tiling)
+                         impl=resolve_impl(impl, platform), tiling=tiling)
 
 
-def _check_attn(q_BHLD, k_BHLD, v_BHLDv):
-    check_ndim("q_BHLD", q_BHLD, 4, "B, H, L, D")
-    check_ndim("k_BHLD", k_BHLD, 4, "B, Hk, L, D")
-    check_ndim("v_BHLDv", v_BHLDv, 4, "B, Hk, L, Dv")
-    b, h, l, d = q_BHLD.shape
-    if k_BHLD.shape[0] != b or k_BHLD.shape[3] != d or k_BHLD.shape[2] != l:
-        raise ValueError(f"k_BHLD shape {k_BHLD.shape} does not fit q_BHLD {q_BHLD.shape} (need same B, L, D)")
-    if v_BHLDv.shape[:3] != k_BHLD.shape[:3]:
-        raise ValueError(f"v_BHLDv shape {v_BHLDv.shape} must match k_BHLD {k_BHLD.shape} in B, Hk, L")
-    if h % k_BHLD.shape[1]:
-        raise ValueError(f"q heads H={h} must be a multiple of kv heads Hk={k_BHLD.shape[1]} (k_BHLD)")
+def _check_ids(name, x, b, length, letters):
+    check_ndim(name, x, 2, letters)
+    if tuple(x.shape) != (b, length):
+        raise ValueError(f"{name} shape {tuple(x.shape)} must be ({letters}) = {(b, length)}")
+    if not jnp.issubdtype(x.dtype, jnp.integer):
+        raise ValueError(f"{name} must be integer (int32), got {x.dtype}")
 
 
-def flash_attention(q_BHLD, k_BHLD, v_BHLDv, *, segment_ids_BL=None, causal=True, sm_scale=None,
-                    impl="auto", block_sizes=None):
-    """Attention with causal/segment masks; GQA (Hk divides H) and MLA (D != Dv) shapes; differentiable."""
-    _check_attn(q_BHLD, k_BHLD, v_BHLDv)
-    b, _, l, d = q_BHLD.shape
+def _attention_masks(q_BHLD, k_BHSD, segment_ids_BL, q_segment_ids_BL, kv_segment_ids_BS,
+                     q_positions_BL, kv_positions_BS, causal):
+    """Validate the mask arguments; returns (q_seg, kv_seg, q_pos, kv_pos), each None or int32."""
+    b, _, lq, _ = q_BHLD.shape
+    lk = k_BHSD.shape[2]
+    q_seg, kv_seg = q_segment_ids_BL, kv_segment_ids_BS
     if segment_ids_BL is not None:
-        check_ndim("segment_ids_BL", segment_ids_BL, 2, "B, L")
-        if tuple(segment_ids_BL.shape) != (b, l):
-            raise ValueError(f"segment_ids_BL shape {segment_ids_BL.shape} must be (B, L) = {(b, l)}")
+        if q_seg is not None or kv_seg is not None:
+            raise ValueError("pass segment_ids_BL (same ids for queries and keys) or q_segment_ids_BL with "
+                             "kv_segment_ids_BS, not both")
+        if lq != lk:
+            raise ValueError(f"segment_ids_BL needs Lq == Lk (got {lq}, {lk}); pass q_segment_ids_BL and "
+                             "kv_segment_ids_BS instead")
+        q_seg = kv_seg = segment_ids_BL
+    if (q_seg is None) != (kv_seg is None):
+        raise ValueError("pass both q_segment_ids_BL and kv_segment_ids_BS, or neither")
+    if (q_positions_BL is None) != (kv_positions_BS is None):
+        raise ValueError("pass both q_positions_BL and kv_positions_BS, or neither")
+    if q_seg is not None:
+        _check_ids("q_segment_ids_BL" if segment_ids_BL is None else "segment_ids_BL", q_seg, b, lq, "B, L")
+        _check_ids("kv_segment_ids_BS" if segment_ids_BL is None else "segment_ids_BL", kv_seg, b, lk, "B, S")
+        q_seg, kv_seg = q_seg.astype(jnp.int32), kv_seg.astype(jnp.int32)
+    q_pos = kv_pos = None
+    if q_positions_BL is not None:
+        if not causal:
+            raise ValueError("q_positions_BL / kv_positions_BS define the causal mask: pass causal=True with "
+                             "them (or drop them for non-causal attention)")
+        _check_ids("q_positions_BL", q_positions_BL, b, lq, "B, L")
+        _check_ids("kv_positions_BS", kv_positions_BS, b, lk, "B, S")
+        q_pos, kv_pos = q_positions_BL.astype(jnp.int32), kv_positions_BS.astype(jnp.int32)
+    elif causal and lq != lk:
+        raise ValueError(f"causal attention with Lq={lq} != Lk={lk} needs q_positions_BL and kv_positions_BS "
+                         "(which keys each query sees)")
+    return q_seg, kv_seg, q_pos, kv_pos
+
+
+def _check_attn(q_BHLD, k_BHSD, v_BHSDv):
+    check_ndim("q_BHLD", q_BHLD, 4, "B, H, L, D")
+    check_ndim("k_BHSD", k_BHSD, 4, "B, Hk, S, D")
+    check_ndim("v_BHSDv", v_BHSDv, 4, "B, Hk, S, Dv")
+    b, h, _, d = q_BHLD.shape
+    if k_BHSD.shape[0] != b or k_BHSD.shape[3] != d:
+        raise ValueError(f"k_BHSD shape {k_BHSD.shape} does not fit q_BHLD {q_BHLD.shape} (need same B, D)")
+    if v_BHSDv.shape[:3] != k_BHSD.shape[:3]:
+        raise ValueError(f"v_BHSDv shape {v_BHSDv.shape} must match k_BHSD {k_BHSD.shape} in B, Hk, S")
+    if h % k_BHSD.shape[1]:
+        raise ValueError(f"q heads H={h} must be a multiple of kv heads Hk={k_BHSD.shape[1]} (k_BHSD)")
+
+
+def flash_attention(q_BHLD, k_BHSD, v_BHSDv, *, segment_ids_BL=None, q_segment_ids_BL=None,
+                    kv_segment_ids_BS=None, q_positions_BL=None, kv_positions_BS=None, causal=True,
+                    sm_scale=None, impl="auto", platform=None, block_sizes=None):
+    """Attention with segment and causal masks (by index, or key s seen by query l when kv_pos[s] <= q_pos[l]);
+    Lq != Lk with positions; GQA (Hk divides H) and MLA (D != Dv) shapes; differentiable."""
+    _check_attn(q_BHLD, k_BHSD, v_BHSDv)
+    masks = _attention_masks(q_BHLD, k_BHSD, segment_ids_BL, q_segment_ids_BL, kv_segment_ids_BS,
+                             q_positions_BL, kv_positions_BS, causal)
+    d = q_BHLD.shape[3]
     scale = float(d ** -0.5 if sm_scale is None else sm_scale)
-    return _fa_ops.flash_attention_op(q_BHLD, k_BHLD, v_BHLDv, segment_ids_BL, causal=causal,
-                                      scale=scale, impl=resolve_impl(impl),
+    if block_sizes is not None and len(block_sizes) != 4:
+        raise ValueError(f"block_sizes must be (block_q, block_k, bwd_block_q, bwd_block_k), got {block_sizes}")
+    return _fa_ops.flash_attention_op(q_BHLD, k_BHSD, v_BHSDv, *masks, causal=causal, scale=scale,
+                                      impl=resolve_impl(impl, platform),
                                       blocks=tuple(block_sizes) if block_sizes else _fa_ops.DEFAULT_BLOCKS)
 
 
 def decode_attention(q_BHD, k_cache_BHSD, v_cache_BHSDv, lengths_B, *, sm_scale=None, impl="auto",
-                     block_s=_dec_tpu.DEFAULT_BLOCK_S):
+                     platform=None, block_s=_dec_tpu.DEFAULT_BLOCK_S):
     """One new query token per row against a ragged KV cache (positions >= lengths[b] masked)."""
     check_ndim("q_BHD", q_BHD, 3, "B, H, D")
     check_ndim("k_cache_BHSD", k_cache_BHSD, 4, "B, Hk, S, D")
@@ -116,15 +164,16 @@ def decode_attention(q_BHD, k_cache_BHSD, v_cache_BHSDv, lengths_B, *, sm_scale=
     if lengths_B.shape[0] != b:
         raise ValueError(f"lengths_B has {lengths_B.shape[0]} entries, batch is {b}")
     scale = float(d ** -0.5 if sm_scale is None else sm_scale)
-    impl = resolve_impl(impl)
+    impl = resolve_impl(impl, platform)
     if impl in ("reference", "xla"):
         return _dec_ref.decode_attention_reference(q_BHD, k_cache_BHSD, v_cache_BHSDv, lengths_B, scale)
     return _dec_tpu.decode_attention_tpu(q_BHD, k_cache_BHSD, v_cache_BHSDv, lengths_B, sm_scale=scale,
-                                         block_s=block_s, interpret=interpret_params(impl))
+                                         block_s=block_s,
+                                         interpret=interpret_params(impl, q_BHD, k_cache_BHSD, lengths_B))
 
 
 def qmatmul(x_MK, w, *, quant="int8", mode="weight_only", preferred_element_type=jnp.float32,
-            impl="auto", tiling=None):
+            impl="auto", platform=None, tiling=None):
     """x @ w with quantized weights (w: float [K,N] or QuantizedWeight) and optionally quantized activations."""
     check_ndim("x_MK", x_MK, 2, "M, K")
     if mode not in _qm_ref.MODES:
@@ -142,10 +191,11 @@ def qmatmul(x_MK, w, *, quant="int8", mode="weight_only", preferred_element_type
         raise ValueError(f"quant={quant!r} needs K divisible by {blk}; x_MK has K={x_MK.shape[1]}")
     if not isinstance(w, QuantizedWeight):
         w = quantize_weight(w, quant)
-    impl = resolve_impl(impl)
+    impl = resolve_impl(impl, platform)
     if impl in ("reference", "xla"):
         return _qm_ref.qmatmul_reference(x_MK, w, mode, preferred_element_type)
     return _qm_tpu.qmatmul_tpu(x_MK, w, mode, preferred_element_type=preferred_element_type,
-                               tiling=tiling or _qm_tpu.DEFAULT_TILING, interpret=interpret_params(impl))
+                               tiling=tiling or _qm_tpu.DEFAULT_TILING,
+                               interpret=interpret_params(impl, x_MK, w))
 
 

@@ -1,5 +1,6 @@
-"""Shared helpers for pallas_kernels: backend/impl selection, argument checks, tiling, and the
-in-kernel pieces several Mosaic kernels use (block-scale expansion, online-softmax step)."""
+"""Shared helpers for pallas_kernels: impl selection from the target platform, shard_map (vma)
+typing of kernel outputs and cotangents, argument checks, tiling, and the in-kernel pieces several
+Mosaic kernels use (block-scale expansion, online-softmax step)."""
 # Dim letters: KB = K / block scale blocks; tk/tm/tn tile sizes; G query rows, S key block (softmax).
 from __future__ import annotations
 
@@ -8,24 +9,27 @@ import jax.numpy as jnp
 import numpy as np
 
 IMPLS = ("auto", "xla", "pallas", "interpret", "reference")
+PLATFORMS = ("cpu", "gpu", "tpu")
 QUANTS = ("none", "mxfp8", "nvfp4", "int8")
 
 
-def resolve_impl(impl: str, *, has_pallas_gpu: bool = False) -> str:
-    """Map impl="auto" to the concrete path for the default backend; validate names."""
+def resolve_impl(impl: str, platform: str | None, *, has_pallas_gpu: bool = False) -> str:
+    """Map impl="auto" to the concrete path for the target `platform` (never the host's backend)."""
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got impl={impl!r}")
-    backend = jax.default_backend()
-    if impl == "pallas" and backend != "tpu" and not (backend == "gpu" and has_pallas_gpu):
-        raise ValueError(f"impl='pallas' needs a backend with these kernels (tpu); the backend is {backend!r}: "
+    if platform is not None and platform not in PLATFORMS:
+        raise ValueError(f"platform must be one of {PLATFORMS} or None, got platform={platform!r}")
+    has_pallas = platform == "tpu" or (platform == "gpu" and has_pallas_gpu)
+    if impl == "pallas" and platform is not None and not has_pallas:
+        raise ValueError(f"impl='pallas' needs a platform with these kernels (tpu); platform={platform!r}: "
                          "use impl='interpret' to run the Pallas kernels in the interpreter, or impl='xla'")
     if impl != "auto":
         return impl
-    if backend == "tpu":
-        return "pallas"
-    if backend == "gpu" and has_pallas_gpu:
-        return "pallas"
-    return "xla"
+    if platform is None:
+        raise ValueError("impl='auto' needs the target platform: pass platform='cpu'|'gpu'|'tpu' (the "
+                         "platform of the mesh's devices, e.g. mesh.devices.flat[0].platform), or pin "
+                         f"impl to one of {IMPLS[1:]}")
+    return "pallas" if has_pallas else "xla"
 
 
 def check_quant(quant: str) -> str:
@@ -65,25 +69,53 @@ def pad_axis(x, axis: int, size: int, value=0):
     return jnp.pad(x, widths, constant_values=value)
 
 
-def interpret_params(impl: str):
-    """Value for pallas_call(interpret=...) given the concrete impl name."""
-    # generic Pallas interpreter: several times faster than pltpu.InterpretParams on CPU
-    return impl == "interpret"
+def interpret_params(impl: str, *operands):
+    """Value for pallas_call(interpret=...) given the concrete impl name and the kernel's operands."""
+    if impl != "interpret":
+        return False
+    if varying_axes(*operands):
+        # inside jax.shard_map: the generic interpreter cannot evaluate index maps over varying
+        # scalar-prefetch operands (check_vma); the TPU interpreter can
+        from jax.experimental.pallas import tpu as pltpu
+        return pltpu.InterpretParams()
+    return True  # generic Pallas interpreter: several times faster than pltpu.InterpretParams on CPU
 
 
 def varying_zeros(shape, dtype, *like):
     """jnp.zeros whose varying manual axes (inside jax.shard_map) are those of `like`'s arrays, so
-    it can be a scan/loop carry that the body updates from them (no-op outside shard_map)."""
-    out = jnp.zeros(shape, dtype)
-    vma = frozenset().union(*(_varying_axes(x) for x in like))
-    return jax.lax.pcast(out, tuple(sorted(vma)), to="varying") if vma else out
+    it can be a scan/loop carry or an aliased kernel output that is updated from them (no-op
+    outside shard_map)."""
+    return match_vma(jnp.zeros(shape, dtype), *like)
+
+
+def match_vma(x, *like):
+    """x made varying over every manual axis that x or any of `like` varies over (pcast)."""
+    missing = varying_axes(*like) - _varying_axes(x)
+    return jax.lax.pcast(x, tuple(sorted(missing)), to="varying") if missing else x
+
+
+def out_struct(shape, dtype, *operands):
+    """ShapeDtypeStruct for a pallas_call output: inside jax.shard_map (check_vma=True) the output
+    varies over the union of the manual axes its operands vary over; ignored outside shard_map."""
+    mat = jax.sharding.ManualAxisType(varying=varying_axes(*operands))
+    return jax.ShapeDtypeStruct(shape, dtype, manual_axis_type=mat)
 
 
 def cotangent_like(ct, primal):
-    """Sum a custom_vjp cotangent over the shard_map axes it varies over but `primal` does not
-    (what autodiff does for the implicit broadcast of an invariant input; no-op outside shard_map)."""
-    extra = _varying_axes(ct) - _varying_axes(primal)
-    return jax.lax.psum(ct, tuple(sorted(extra))) if extra else ct
+    """Give a custom_vjp cotangent the varying manual axes of `primal`: sum it over the shard_map
+    axes it varies over but `primal` does not (what autodiff does for the implicit broadcast of
+    an invariant input), and mark it varying where only `primal` varies (no-op outside shard_map)."""
+    ct_axes, primal_axes = _varying_axes(ct), _varying_axes(primal)
+    extra = ct_axes - primal_axes
+    if extra:
+        ct = jax.lax.psum(ct, tuple(sorted(extra)))
+    missing = primal_axes - ct_axes
+    return jax.lax.pcast(ct, tuple(sorted(missing)), to="varying") if missing else ct
+
+
+def varying_axes(*xs) -> frozenset:
+    """Union of the manual mesh axes (inside jax.shard_map) that the arrays in xs vary over."""
+    return frozenset().union(*(_varying_axes(x) for x in jax.tree.leaves(xs)))
 
 
 def _varying_axes(x) -> frozenset:

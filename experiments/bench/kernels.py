@@ -67,10 +67,11 @@ def main():
     sz = SIZES[args.size]
     backend = jax.default_backend()
     dt = jnp.float32 if backend == "cpu" else jnp.bfloat16  # CPU: bf16 is not faster (DESIGN.md)
-    impl = "auto"
+    from c2jax.ops import current_target
+    impl = resolve_impl("auto", current_target().platform)   # the devices this bench runs on
     peak_flops, peak_bw = measured_peaks(sz, dt)
     print(f"backend={backend} device={jax.devices()[0].device_kind} dtype={jnp.dtype(dt).name} "
-          f"size={args.size} impl(auto)->{resolve_impl('auto')}")
+          f"size={args.size} impl(auto)->{impl}")
     print(f"measured peak at start: {peak_flops / 1e12:.3f} TFLOP/s (dense matmul), {peak_bw / 1e9:.1f} GB/s (reduction)")
     rng = np.random.default_rng(0)
     rows = []

@@ -15,6 +15,7 @@ from jax.experimental.pallas import tpu as pltpu
 from pallas_kernels._common import (
     MASK_VALUE,
     online_softmax_step,
+    out_struct,
     pad_axis,
     pick_tile,
     round_up,
@@ -77,7 +78,7 @@ def decode_attention_tpu(q_BHD, k_cache_BKSD, v_cache_BKSE, lengths_B, *, sm_sca
             out_specs=pl.BlockSpec((None, None, g, e), lambda b_, h_, si, lens: (b_, h_, 0, 0)),
             scratch_shapes=[pltpu.VMEM((g, 1), jnp.float32), pltpu.VMEM((g, 1), jnp.float32),
                             pltpu.VMEM((g, e), jnp.float32)]),
-        out_shape=jax.ShapeDtypeStruct((b, kh, g, e), q_BHD.dtype),
+        out_shape=out_struct((b, kh, g, e), q_BHD.dtype, lengths_B, q_BKGD, k, v),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             vmem_limit_bytes=VMEM_LIMIT_BYTES),

@@ -30,7 +30,8 @@ def _gmm_raw(lhs_MK, rhs, group_sizes_G, impl, tiling, transpose_rhs=False):
     if impl == "xla":
         return xla.gmm_xla(lhs_MK, rhs, group_sizes_G, transpose_rhs=transpose_rhs)
     return tpu.gmm_tpu(lhs_MK, rhs, group_sizes_G, transpose_rhs=transpose_rhs,
-                       tiling=tiling or tpu.DEFAULT_TILING, interpret=interpret_params(impl))
+                       tiling=tiling or tpu.DEFAULT_TILING,
+                       interpret=interpret_params(impl, lhs_MK, rhs, group_sizes_G))
 
 
 def _tgmm_raw(lhs_MK, dy_MN, group_sizes_G, impl, tiling):
@@ -39,7 +40,7 @@ def _tgmm_raw(lhs_MK, dy_MN, group_sizes_G, impl, tiling):
     if impl == "xla":
         return xla.tgmm_xla(lhs_MK, dy_MN, group_sizes_G)
     return tpu.tgmm_tpu(lhs_MK, dy_MN, group_sizes_G, tiling=tiling or tpu.DEFAULT_TILING,
-                        interpret=interpret_params(impl))
+                        interpret=interpret_params(impl, lhs_MK, dy_MN, group_sizes_G))
 
 
 def _mx8(x, axis):
@@ -108,7 +109,8 @@ def _quantized_forward(lhs_MK, qe: QuantizedExperts, group_sizes_G, impl, tiling
         y = tpu.gmm_quantized_tpu(_codes(lv, quant), None if ls is None else ls.T, _codes(qe.values_GKN, quant),
                                   qe.block_scales_GKBN, group_sizes_G, blk=blk,
                                   code_scale=0.5 if quant == "nvfp4" else 1.0,
-                                  tiling=tiling or tpu.DEFAULT_TILING, interpret=interpret_params(impl))
+                                  tiling=tiling or tpu.DEFAULT_TILING,
+                                  interpret=interpret_params(impl, lhs_MK, qe, group_sizes_G))
     else:
         y = _gmm_raw(_partial_dequant(lv, ls, 1, blk), _partial_dequant(qe.values_GKN, qe.block_scales_GKBN, 1, blk),
                      group_sizes_G, impl, tiling)
@@ -149,7 +151,8 @@ def _gmm_bwd(quant, impl, tiling, out_dtype, res, dy_MN):
             dv, ds = Q.quantize_mxfp8(dy_MN, -1)
             wv, ws = Q.quantize_mxfp8(jnp.swapaxes(rhs_GKN, 1, 2), 1)
             dlhs = tpu.gmm_quantized_tpu(dv, ds.T, wv, ws, group_sizes_G, blk=Q.MX_BLOCK,
-                                         tiling=tiling or tpu.DEFAULT_TILING, interpret=interpret_params(impl))
+                                         tiling=tiling or tpu.DEFAULT_TILING,
+                                         interpret=interpret_params(impl, dy_MN, rhs_GKN, group_sizes_G))
         else:
             dlhs = _gmm_raw(_mx8(dy_MN, -1), _mx8(rhs_GKN, 2), group_sizes_G, impl, tiling, transpose_rhs=True)
         mp = round_up(m, Q.MX_BLOCK)
@@ -157,7 +160,7 @@ def _gmm_bwd(quant, impl, tiling, out_dtype, res, dy_MN):
             lv, ls = Q.quantize_mxfp8(pad_axis(lhs_MK, 0, mp), 0)
             dv, ds = Q.quantize_mxfp8(pad_axis(dy_MN, 0, mp), 0)
             drhs = tpu.tgmm_mxfp8_tpu(lv, ls, dv, ds, group_sizes_G, tiling=tiling or tpu.DEFAULT_TILING,
-                                      interpret=interpret_params(impl))
+                                      interpret=interpret_params(impl, lhs_MK, dy_MN, group_sizes_G))
         else:
             lhs_q = _mx8(pad_axis(lhs_MK, 0, mp), 0)[:m]
             dy_q = _mx8(pad_axis(dy_MN, 0, mp), 0)[:m]

@@ -12,10 +12,12 @@ from jax.experimental.pallas import tpu as pltpu
 from pallas_kernels._common import (
     expand_cols_t,
     expand_rows,
+    out_struct,
     pad_axis,
     pick_tile,
     quantized_tiles,
     round_up,
+    varying_zeros,
 )
 from pallas_kernels.gmm.metadata import make_visits
 
@@ -105,7 +107,7 @@ def gmm_tpu(lhs_MK, rhs_GKN, group_sizes_G, *, preferred_element_type=jnp.float3
     out = pl.pallas_call(
         functools.partial(_gmm_kernel, tm=tm, nk=nk, transpose_rhs=transpose_rhs),
         grid_spec=grid_spec,
-        out_shape=jax.ShapeDtypeStruct((m_pad, n_pad), preferred_element_type),
+        out_shape=out_struct((m_pad, n_pad), preferred_element_type, lhs, rhs, vis),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "arbitrary", "arbitrary"),
             vmem_limit_bytes=VMEM_LIMIT_BYTES),
@@ -165,14 +167,14 @@ def tgmm_tpu(lhs_MK, dy_MN, group_sizes_G, *, preferred_element_type=jnp.float32
     out = pl.pallas_call(
         functools.partial(_tgmm_kernel, tm=tm, num_groups=g),
         grid_spec=grid_spec,
-        out_shape=jax.ShapeDtypeStruct((g, k_pad, n_pad), preferred_element_type),
+        out_shape=out_struct((g, k_pad, n_pad), preferred_element_type, lhs, dy, vis),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             vmem_limit_bytes=VMEM_LIMIT_BYTES),
         input_output_aliases={7: 0},
         interpret=interpret,
     )(vis.gid_V, vis.mtile_V, vis.first_V, vis.starts_G1, vis.ends_G1, lhs, dy,
-      jnp.zeros((g, k_pad, n_pad), preferred_element_type))
+      varying_zeros((g, k_pad, n_pad), preferred_element_type, lhs, dy, vis))  # aliased: typed as the output
     return out[:, :k, :n]
 
 
@@ -243,7 +245,7 @@ def gmm_quantized_tpu(lhs_vals_MK, lhs_scales_KBM, rhs_vals_GKN, rhs_scales_GKBN
     out = pl.pallas_call(
         functools.partial(_qgmm_kernel, tm=tm, nk=nk, blk=blk, code_scale=code_scale),
         grid_spec=grid_spec,
-        out_shape=jax.ShapeDtypeStruct((m_pad, n_pad), preferred_element_type),
+        out_shape=out_struct((m_pad, n_pad), preferred_element_type, lhs, ls, rhs, rs, vis),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "arbitrary", "arbitrary"),
             vmem_limit_bytes=VMEM_LIMIT_BYTES),
@@ -316,12 +318,12 @@ def tgmm_mxfp8_tpu(lhs_vals_MK, lhs_scales_MBK, dy_vals_MN, dy_scales_MBN, group
     out = pl.pallas_call(
         functools.partial(_qtgmm_kernel, tm=tm, num_groups=g, blk=blk),
         grid_spec=grid_spec,
-        out_shape=jax.ShapeDtypeStruct((g, k_pad, n_pad), preferred_element_type),
+        out_shape=out_struct((g, k_pad, n_pad), preferred_element_type, lhs, ls, dy, ds, vis),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             vmem_limit_bytes=VMEM_LIMIT_BYTES),
         input_output_aliases={9: 0},
         interpret=interpret,
     )(vis.gid_V, vis.mtile_V, vis.first_V, vis.starts_G1, vis.ends_G1, lhs, ls, dy, ds,
-      jnp.zeros((g, k_pad, n_pad), preferred_element_type))
+      varying_zeros((g, k_pad, n_pad), preferred_element_type, lhs, ls, dy, ds, vis))
     return out[:, :k, :n]

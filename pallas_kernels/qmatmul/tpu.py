@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 
-import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
@@ -19,6 +18,7 @@ from pallas_kernels import quant as Q
 from pallas_kernels._common import (
     expand_cols_t,
     expand_rows,
+    out_struct,
     pad_axis,
     quantized_tiles,
     round_up,
@@ -121,7 +121,7 @@ def qmatmul_tpu(x_MK, w: QuantizedWeight, mode: str, *, preferred_element_type=j
         grid=(mp // tm, np_ // tn, nk),
         in_specs=specs,
         out_specs=pl.BlockSpec((tm, tn), lambda i, j, kk: (i, j)),
-        out_shape=jax.ShapeDtypeStruct((mp, np_), preferred_element_type),
+        out_shape=out_struct((mp, np_), preferred_element_type, *args),
         scratch_shapes=[pltpu.VMEM((tm, tn), jnp.int32 if int_acc else jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),

@@ -1,12 +1,17 @@
 """Kernel tests: a persistent JAX compilation cache makes reruns much faster (interpret-mode
 kernels spend most of their time compiling). Set C2JAX_JAX_CACHE="" to disable. The cache is
 on only while this folder's tests run: serializing some other executables (e.g. the sampler's
-large unrolled decode programs) crashes jaxlib's CPU cache writer."""
+large unrolled decode programs) crashes jaxlib's CPU cache writer.
+
+TPU AOT tests load libtpu; under pytest-xdist (or next to another process that loaded it) the
+second loader fails on libtpu's lockfile unless ALLOW_MULTIPLE_LIBTPU_LOAD is set."""
 import os
 
-import jax
-import pytest
-from jax.experimental.compilation_cache import compilation_cache
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+from jax.experimental.compilation_cache import compilation_cache  # noqa: E402
 
 _cache = os.environ.get("C2JAX_JAX_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "c2jax_jax_cache"))
 

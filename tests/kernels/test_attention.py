@@ -103,15 +103,15 @@ def test_decode_attention(shape, lengths):
 def test_attention_bad_inputs_raise_value_error():
     q, k, v, _ = _qkv(1, 3, 2, 16, 8, 8)
     with pytest.raises(ValueError, match="multiple of kv heads"):
-        pk.flash_attention(q, k, v)
+        pk.flash_attention(q, k, v, platform="cpu")
     q, k, v, _ = _qkv(1, 4, 2, 16, 8, 8)
-    with pytest.raises(ValueError, match="k_BHLD"):
-        pk.flash_attention(q, k[..., :4], v)
+    with pytest.raises(ValueError, match="k_BHSD"):
+        pk.flash_attention(q, k[..., :4], v, platform="cpu")
     with pytest.raises(ValueError, match="segment_ids_BL"):
-        pk.flash_attention(q, k, v, segment_ids_BL=jnp.zeros((1, 15), jnp.int32))
+        pk.flash_attention(q, k, v, segment_ids_BL=jnp.zeros((1, 15), jnp.int32), platform="cpu")
     with pytest.raises(ValueError, match="impl"):
         pk.flash_attention(q, k, v, impl="triton")
     with pytest.raises(ValueError, match="lengths_B"):
-        pk.decode_attention(q[:, :, 0], k, v, jnp.zeros((2,), jnp.int32))
+        pk.decode_attention(q[:, :, 0], k, v, jnp.zeros((2,), jnp.int32), platform="cpu")
     with pytest.raises(ValueError, match="q_BHD"):
-        pk.decode_attention(q, k, v, jnp.zeros((1,), jnp.int32))
+        pk.decode_attention(q, k, v, jnp.zeros((1,), jnp.int32), platform="cpu")

@@ -140,19 +140,19 @@ def test_gmm_nvfp4_per_token_batch_invariance(impl):
 def test_gmm_bad_inputs_raise_value_error():
     lhs, rhs, gs, _ = _inputs(64, 32, 32, [30, 34])
     with pytest.raises(ValueError, match="quant"):
-        pk.gmm(lhs, rhs, gs, quant="fp4")
+        pk.gmm(lhs, rhs, gs, quant="fp4", platform="cpu")
     with pytest.raises(ValueError, match="group_sizes_G"):
-        pk.gmm(lhs, rhs, jnp.array([60, 10]))
+        pk.gmm(lhs, rhs, jnp.array([60, 10]), platform="cpu")
     with pytest.raises(ValueError, match="group_sizes_G"):
-        pk.gmm(lhs, rhs, jnp.array([10, 10, 10]))
+        pk.gmm(lhs, rhs, jnp.array([10, 10, 10]), platform="cpu")
     with pytest.raises(ValueError, match="lhs_MK"):
-        pk.gmm(lhs[:, :16], rhs, gs)
+        pk.gmm(lhs[:, :16], rhs, gs, platform="cpu")
     with pytest.raises(ValueError, match="rhs_GKN"):
-        pk.gmm(lhs, rhs[0], gs)
+        pk.gmm(lhs, rhs[0], gs, platform="cpu")
     with pytest.raises(ValueError, match="impl"):
         pk.gmm(lhs, rhs, gs, impl="cuda")
     with pytest.raises(ValueError, match="divisible"):
-        pk.gmm(lhs[:, :24], rhs[:, :24], gs, quant="mxfp8")
+        pk.gmm(lhs[:, :24], rhs[:, :24], gs, quant="mxfp8", platform="cpu")
 
 
 def test_gmm_tgmm_under_tpu_semantics_interpreter():
@@ -177,12 +177,3 @@ def test_prequantized_experts_match_on_the_fly_quantization(quant):
     ref = J(pk.gmm, quant=quant, impl="xla")(lhs, rhs, gs)
     np.testing.assert_array_equal(J(pk.gmm, impl="xla")(lhs, qe, gs), ref)
     np.testing.assert_allclose(J(pk.gmm, impl="interpret", tiling=TILING)(lhs, qe, gs), ref, atol=1e-5, rtol=1e-5)
-
-
-def test_dispatch_auto_and_pallas_on_cpu():
-    lhs, rhs, gs, _ = _inputs(16, 32, 32, [8, 8])
-    if jax.default_backend() != "cpu":
-        pytest.skip("CPU dispatch rules")
-    np.testing.assert_array_equal(pk.gmm(lhs, rhs, gs), pk.gmm(lhs, rhs, gs, impl="xla"))
-    with pytest.raises(ValueError, match="interpret"):
-        pk.gmm(lhs, rhs, gs, impl="pallas")

@@ -116,6 +116,22 @@ def test_flash_attention_compiles(chip, kind):
     assert ma.output_size_in_bytes >= 2 * (B * H * L * D + B * Hk * L * (D + Dv))
 
 
+def test_flash_attention_positions_compiles():
+    """Context parallelism: 8192 local queries against 16384 all-gathered keys, causal by explicit
+    positions with separate query / key segment ids; the block-skip schedule sits in SMEM."""
+    B, H, Hk, L, S, D = 1, 16, 4, 8192, 16384, 128
+    q, k, v = ((B, H, L, D), BF), ((B, Hk, S, D), BF), ((B, Hk, S, D), BF)
+    ql, ks = ((B, L), jnp.int32), ((B, S), jnp.int32)
+    fwd = lambda q, k, v, qs, kvs, qp, kp: fa.flash_fwd_tpu(q, k, v, qs, kvs, qp, kp, causal=True, sm_scale=0.1)
+    ma, _ = _compile("v5p", fwd, q, k, v, ql, ks, ql, ks)
+    assert ma.temp_size_in_bytes < 16 * MiB
+    bwd = lambda q, k, v, qs, kvs, qp, kp, o, lse, do: fa.flash_bwd_tpu(
+        q, k, v, qs, o, lse, do, kv_seg_BS=kvs, q_pos_BL=qp, kv_pos_BS=kp, causal=True, sm_scale=0.1)
+    ma, _ = _compile("v5p", bwd, q, k, v, ql, ks, ql, ks, ((B, H, L, D), BF), ((B, H, 1, L), jnp.float32),
+                     ((B, H, L, D), BF))
+    assert ma.temp_size_in_bytes < 16 * MiB
+
+
 @pytest.mark.parametrize("chip", ["v5p", "v6e"])
 def test_decode_attention_compiles(chip):
     B, H, Hk, S, D = 32, 64, 8, 8192, 128
