@@ -28,6 +28,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from c2jax.config import ConfigError
+from c2jax.ops.registry import record_choices
 
 GiB = 1024 ** 3
 
@@ -126,9 +127,10 @@ def abstract_train_state(cfg, mesh):
     """(optimizer, state shardings, abstract sharded train state) of `cfg` on `mesh`."""
     from c2jax.models import abstract_params
     from c2jax.models import param_shardings
+    from c2jax.ops.target import target_of_mesh
     from c2jax.train.optimizer import make_optimizer
     from c2jax.train.step import init_state, state_shardings
-    optimizer = make_optimizer(cfg.train)
+    optimizer = make_optimizer(cfg.train, target_of_mesh(mesh))
     # shape-only work outside the TPU mesh context (the model's init helpers run a few eager ops)
     p_sh = param_shardings(cfg, mesh)
     params = _abstract(abstract_params(cfg), p_sh)
@@ -207,18 +209,19 @@ def compile_decode_step(cfg, devices, batch: int, cache_len: int):
 
         fn = jax.jit(step, donate_argnums=(1,), out_shardings=(NamedSharding(mesh, P(b_spec)),
                                                                 jax.tree.map(lambda c: c.sharding, cache)))
-        return fn.lower(params, cache, tokens, tokens), mesh
+        with record_choices() as kernels:
+            lowered = fn.lower(params, cache, tokens, tokens)
+        lowered.kernels = kernels
+        return lowered, mesh
 
 
 def main(cfg, topology: str | None = None) -> dict:
     """Compile the train step (and the decode step) of `cfg` for a TPU topology on this machine.
     Returns the report: per-chip HBM (GiB) vs capacity, fits, FLOPs per chip and step, the step
     time those FLOPs imply at peak, compile seconds. Raises ConfigError before compiling for a
-    bad mesh request. The programs are traced with TPU as the target (c2jax.platform), so the
-    CPU-only layouts of this host (capacity block dispatch, CPU decode attention) stay out."""
-    from c2jax.platform import compile_target
-    with compile_target("tpu"):
-        return _main(cfg, topology)
+    bad mesh request. The programs are traced on a mesh of the topology's TPU devices, so c2jax.ops
+    chooses what a TPU run chooses (the Mosaic kernels), whatever the host."""
+    return _main(cfg, topology)
 
 
 def _main(cfg, topology: str | None) -> dict:
@@ -243,8 +246,12 @@ def _main(cfg, topology: str | None) -> dict:
               "grad_accum": t.grad_accum}
     t0 = time.time()
     abstract = abstract_train_state(cfg, mesh)
-    compiled, train = _compile(compile_train_step(cfg, mesh, abstract))
+    with record_choices() as kernels:
+        lowered = compile_train_step(cfg, mesh, abstract)
+    mosaic = lowered.as_text().count("tpu_custom_call")
+    compiled, train = _compile(lowered)
     train = train or _memory(compiled)
+    train.update(kernels=kernels, mosaic_calls=mosaic)
     train.update(state_breakdown(abstract[2]))
     # what the temp holds besides the gradients: activations, remat checkpoints, collectives'
     # buffers, per-layer workspace (XLA does not split temp further)
@@ -263,8 +270,10 @@ def _main(cfg, topology: str | None) -> dict:
         dcfg = _decode_cfg(cfg, pod.decode_mesh_shape, batch)
         t0 = time.time()
         lowered, dmesh = compile_decode_step(dcfg, devices, batch, pod.decode_len)
+        mosaic = lowered.as_text().count("tpu_custom_call")
         compiled, dec = _compile(lowered)
         dec = dec or _memory(compiled)
+        dec.update(kernels=lowered.kernels, mosaic_calls=mosaic)
         dflops = _flops(compiled) if compiled is not None else float("nan")
         # one token per row: 2N + attention over a full cache (flops_per_token halves seq_len for causality)
         dec_flops = flops_per_token(cfg, 2 * pod.decode_len, training=False) * batch
@@ -335,6 +344,9 @@ def format_report(r: dict) -> str:
             out.append(f"      = params {s['params_gib']:.2f} + optimizer {s['optimizer_gib']:.2f} (arguments, "
                        f"donated) + grads {s['grads_gib']:.2f} + activations/workspace {s['activations_gib']:.2f} "
                        f"(temp) GiB")
+        if "kernels" in s:
+            ops = "; ".join(f"{op} {', '.join(sorted(impls))}" for op, impls in sorted(s["kernels"].items()))
+            out.append(f"    kernels: {ops} ({s['mosaic_calls']} Mosaic calls in the program)")
         kind = "6N + attention" if name == "train" else "2N + attention"
         out.append(f"    FLOPs per step {s['flops_per_step']:.3e} ({kind}), {s['flops_per_chip']:.3e} per chip -> "
                    f"{s['step_s_at_peak'] * 1e3:.1f} ms at peak (XLA cost analysis, loop bodies counted once: "

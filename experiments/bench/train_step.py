@@ -218,7 +218,7 @@ def main(argv=None) -> int:
     load = os.getloadavg()[0]
     from c2jax.backends.cpu import kernels as cpu_kernels
     with activate(cfg, mesh):
-        why = cpu_kernels.training_unavailable()
+        why = cpu_kernels.unavailable()
     kernels_note = "on (C2JAX_CPU_KERNELS=0 runs XLA's paths instead)" if why is None else f"off ({why})"
     cmd = "JAX_PLATFORMS=cpu .venv/bin/python experiments/bench/train_step.py " + " ".join(
         a if " " not in a else repr(a) for a in (argv if argv is not None else sys.argv[1:]))

@@ -24,7 +24,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
-import math
 import os
 import subprocess
 import tempfile
@@ -104,19 +103,6 @@ def _build_and_load() -> tuple[ctypes.CDLL | None, str | None]:
     except (OSError, AttributeError) as e:
         return None, f"cannot load {lib}: {e}"
     return dll, None
-
-
-def training_unavailable() -> str | None:
-    """Why the training kernels (attention, experts, NLL) cannot run in the current trace (None when
-    they can): CPU target, no multi-device mesh active (an FFI call has no sharding rule; over a
-    mesh the XLA paths keep the partitioner's layout), and the library built."""
-    from c2jax.parallel.mesh import active_axis_sizes
-    from c2jax.platform import target_backend
-    if target_backend() != "cpu":
-        return f"target is {target_backend()}"
-    if math.prod(active_axis_sizes().values()) > 1:
-        return "a multi-device mesh is active"
-    return unavailable()
 
 
 def unavailable() -> str | None:
