@@ -1,14 +1,14 @@
-"""c2jax: the Composer 2 recipe in JAX (MoE models, CPT, async RL, self-summarization)."""
+"""c2jax: the Composer 2 recipe in JAX (MoE models, CPT, async RL, self-summarization).
+
+Importing c2jax changes no process state: entry points that run XLA on the CPU call
+`c2jax.hostmem.retain_freed_memory()` first (the CLI's `main` does).
+"""
 import importlib
-
-from c2jax import hostmem
-
-# Before anything starts XLA's threads: they must allocate from the arena set up here.
-hostmem.retain_freed_memory()
 
 __version__ = "0.1.0"
 
-_LAZY = ("config", "models", "hf", "sampling", "parallel", "data", "train", "agent", "tasks", "rl", "evals")
+_LAZY = ("config", "models", "hf", "sampling", "parallel", "data", "train", "agent", "tasks", "rl", "evals",
+         "hostmem")
 
 
 def __getattr__(name):

@@ -64,6 +64,9 @@ def _eval(cfg, workdir) -> int:
 
 def main(argv=None) -> int:
     """CLI entry point."""
+    from c2jax import hostmem
+    # Before anything starts XLA's threads: they must allocate from the arena set up here.
+    hostmem.retain_freed_memory()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("absl", "jax._src", "orbax", "grain"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -128,6 +128,7 @@ def default_config() -> ml_collections.ConfigDict:
     t.adam_eps = 1e-8                  # Adam epsilon (larger damps steps on parameters whose gradients are tiny or noise)
     t.weight_decay = 0.1               # decoupled weight decay (not on norms/biases/embeddings? see train.optimizer)
     t.grad_clip = 1.0                  # global-norm clip (0 = off)
+    t.optimizer = "auto"               # AdamW implementation (c2jax.ops.optimizer): "auto", "optax_adamw", "cpu_fused_adamw"
     t.grad_accum = 1                   # microbatches per step
     t.z_loss = 0.0                     # output logit z-loss weight
     t.mtp_loss_weight = 0.3            # MTP self-distillation weight (when num_mtp_layers > 0)
@@ -443,3 +444,5 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int | None = None) -> 
             raise ConfigError(f"train.lr must be positive, got {t.lr}")
         if "adam_eps" in t and not t.adam_eps > 0:
             raise ConfigError(f"train.adam_eps must be positive, got {t.adam_eps}")
+        if "optimizer" in t:
+            _choice("train", "optimizer", t.optimizer, ("auto", "optax_adamw", "cpu_fused_adamw"))

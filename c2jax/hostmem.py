@@ -9,7 +9,8 @@ later steps touch no new pages. The cost: the process keeps its peak heap (it ne
 step anyway), and all threads share one arena.
 
 It only works before the XLA backend's threads first allocate (a thread that already has its
-own arena keeps it), so `c2jax/__init__.py` calls `retain_freed_memory()` at import. Set
+own arena keeps it), so entry points call `retain_freed_memory()` first thing (the CLI's `main`,
+the benchmarks' `main`); `import c2jax` leaves malloc alone. Set
 C2JAX_HOST_MALLOC=default to leave malloc alone, =retain to force it; unset, it applies on hosts
 with no accelerator device nodes (the CPU backend runs the programs there).
 """

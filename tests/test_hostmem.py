@@ -10,7 +10,8 @@ from c2jax import hostmem
 
 _PROBE = r"""
 import json, resource, sys
-import c2jax
+from c2jax import hostmem
+hostmem.retain_freed_memory()  # as the CLI's main does, before XLA's threads start
 import jax, jax.numpy as jnp
 # the [4096, 4096] f32 product (64 MB) feeds a second product: one of XLA's temporaries
 f = jax.jit(lambda a: jnp.sum((a @ a.T) @ a))
@@ -22,7 +23,7 @@ for _ in range(6):
     r0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     f(a).block_until_ready()
     faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - r0)
-print(json.dumps({"state": c2jax.hostmem.state, "faults": faults}))
+print(json.dumps({"state": hostmem.state, "faults": faults}))
 """
 
 
@@ -50,3 +51,17 @@ def test_bad_mode_is_reported_not_applied(monkeypatch):
     monkeypatch.setattr(hostmem, "state", "not attempted")
     monkeypatch.setenv("C2JAX_HOST_MALLOC", "tcmalloc")
     assert "must be 'retain' or 'default'" in hostmem.retain_freed_memory()
+
+
+def test_cli_main_sets_malloc_first():
+    # `import c2jax` leaves malloc alone; the CLI's main decides before it parses anything
+    probe = ("import contextlib, io, c2jax.cli\n"
+             "from c2jax import hostmem\n"
+             "before = hostmem.state\n"
+             "with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):\n"
+             "    c2jax.cli.main(['--help'])\n"
+             "print(before + '|' + hostmem.state)\n")
+    env = {**os.environ, "C2JAX_HOST_MALLOC": "default", "JAX_PLATFORMS": "cpu"}
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "not attempted|malloc left alone: C2JAX_HOST_MALLOC=default"

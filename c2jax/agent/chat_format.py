@@ -42,6 +42,11 @@ def escape_env_text(text: str) -> str:
     return _SPECIAL_RE.sub(lambda m: m.group(0)[0] + _ZWSP + m.group(0)[1:], text)
 
 
+def escape_free(text: str) -> str:
+    """Decoded context text with the environment escapes removed (for scripted policies)."""
+    return text.replace("<" + _ZWSP + "|", "<|")
+
+
 # ----- rendering (environment segments) ---------------------------------------------------
 def render_system(text: str) -> str:
     return f"{st.SYSTEM}{escape_env_text(text)}{st.END_TURN}"

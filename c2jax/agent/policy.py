@@ -11,43 +11,13 @@ encoded with the episode's tokenizer (the byte fallback by default).
 """
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
 from c2jax.agent import chat_format as cf
-
-
-@dataclasses.dataclass
-class PolicyOutput:
-    token_ids: list[int]
-    logprobs: list[float] | None = None        # None: zeros (scripted)
-    versions: list[int] | int | None = None    # None: the policy's version
-    expert_ids: np.ndarray | None = None       # [n, N, K] int32
-
-
-class Policy(Protocol):
-    version: int
-
-    def act(self, context: list[int], max_new_tokens: int, codec: cf.TokenCodec) -> PolicyOutput:
-        ...
-
-
-class TextPolicy:
-    """Base for scripted policies: subclasses return the next message text."""
-
-    version = 0
-
-    def next_message(self, context: list[int], codec: cf.TokenCodec) -> str:
-        raise NotImplementedError
-
-    def act(self, context: list[int], max_new_tokens: int, codec: cf.TokenCodec) -> PolicyOutput:
-        text = self.next_message(context, codec)
-        if not text.endswith(cf.st.END_TURN):
-            text += cf.st.END_TURN
-        return PolicyOutput(codec.encode(text)[:max_new_tokens])
+from c2jax.agent.policy_protocol import Policy, PolicyOutput, TextPolicy  # noqa: F401  (importable from here)
 
 
 class ScriptedPolicy(TextPolicy):

@@ -39,25 +39,12 @@ import dataclasses
 from typing import Any
 
 from c2jax.agent import chat_format as cf
-from c2jax.agent.policy import PolicyOutput
+from c2jax.agent.chat_format import escape_free
+from c2jax.agent.policy_protocol import COMPACTION_PROMPT, COMPACTION_SYSTEM, SUMMARIZE_QUERY, PolicyOutput
 
 METHODS = ("self", "prompt", "truncate", "none")
 
-SUMMARIZE_QUERY = (
-    "Your context is full. Summarize the conversation so far for yourself: what the task "
-    "needs, what you found (exact names and values), what you changed, and what is left. You "
-    "may think first; then write the summary between <|summary|> and <|/summary|>. Put your plan "
-    "on one line starting PLAN: and each remaining to-do on a line starting TODO:. The "
-    "conversation will continue from your summary only.")
-COMPACTION_SYSTEM = "You compact long agent transcripts into short notes that let the agent continue."
-COMPACTION_PROMPT = (
-    "Summarize the following transcript of a coding agent so that it can continue the task from "
-    "your summary alone. Keep the task, the actions taken, important tool output, and what is "
-    "left. Write the summary between <|summary|> and <|/summary|>.\n\nTRANSCRIPT:\n")
 RESTART_NOTE = "The conversation was summarized to free context; continue the task."
-
-# strings as they appear in the *decoded* context (environment text escapes "<|")
-_ZWSP = "\u200b"
 
 
 @dataclasses.dataclass
@@ -338,11 +325,6 @@ class PrefillMeter:
         self.used[src] = self.tick
         self.slots[src] = ctx + [int(i) for i in out.token_ids][:max_new_tokens]
         return out
-
-
-def escape_free(text: str) -> str:
-    """Decoded context text with the environment escapes removed (for scripted policies)."""
-    return text.replace("<" + _ZWSP + "|", "<|")
 
 
 __all__ = ["METHODS", "SUMMARIZE_QUERY", "COMPACTION_SYSTEM", "COMPACTION_PROMPT", "SummaryConfig",

@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 
 from c2jax.ops import layers as ops_layers

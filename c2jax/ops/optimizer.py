@@ -77,8 +77,9 @@ class TrainOptimizer(optax.GradientTransformationExtraArgs):
 
 
 class FusedAdamW(TrainOptimizer):
-    """cpu_fused_adamw: init is optax_adamw's (the same state tree), update runs the kernel and
-    returns new params - params as the updates; `apply_in_place` is the train step's fast path."""
+    """cpu_fused_adamw: init is optax_adamw's (the same state tree); update runs the kernel and
+    returns new params - params as the updates (optax's to within one rounding of the params);
+    `apply_in_place` is the train step's fast path."""
 
     def global_norm(self, grads, unrolled=()):
         """optax.global_norm(grads), the leaves of `unrolled` stacks summed layer by layer (cpu_adamw.layers_of)."""

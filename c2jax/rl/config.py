@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ml_collections
 
+from c2jax.errors import ConfigError
 from c2jax.rl.losses import default_rl_loss_config, validate_rl_loss_config
 
 BACKENDS = ("threads", "ray")
@@ -85,7 +86,6 @@ def rl_defaults() -> ml_collections.ConfigDict:
 
 def validate_rl(r, model=None) -> None:
     """Raise ConfigError naming the bad `rl.` field."""
-    from c2jax.config import ConfigError
     ref = rl_defaults()
     for key in r.keys():
         if key not in ref:

@@ -37,6 +37,9 @@ import zlib
 import jax
 import numpy as np
 
+from c2jax.errors import ConfigError
+from c2jax.rl.runtime import LearnerHost, make_env
+
 log = logging.getLogger(__name__)
 
 
@@ -45,7 +48,6 @@ def import_ray():
     try:
         import ray
     except ImportError:
-        from c2jax.config import ConfigError
         raise ConfigError("rl.backend='ray' needs Ray (`pip install ray==2.60.0` or `pip install -e .[ray]`); "
                           "or use rl.backend='threads'") from None
     return ray
@@ -58,7 +60,6 @@ def check_address(address: str, timeout_s: float = 10.0) -> None:
         return
     host, _, port = address.split("://", 1)[-1].rstrip("/").rpartition(":")
     if not port.isdigit():
-        from c2jax.config import ConfigError
         raise ConfigError(f"rl.ray_address={address!r}: expected host:port, ray://host:port or 'auto'")
     try:
         socket.create_connection((host, int(port)), timeout=timeout_s).close()
@@ -128,7 +129,6 @@ class LearnerActor:
     """Owns a LearnerHost; publishes every version into workdir/weights and returns its blob."""
 
     def __init__(self, cfg, workdir: str):
-        from c2jax.rl.loop import LearnerHost
         self.dir = os.path.join(workdir, "weights")
         self.host = LearnerHost(cfg, workdir, publish_dir=self.dir)
         self.version = self.host.start_step
@@ -278,7 +278,6 @@ class EnvActor:
     episodes at once)."""
 
     def __init__(self, cfg, workdir: str, samplers: list, max_len: int):
-        from c2jax.rl.loop import make_env
         self.env = make_env(cfg, workdir)
         self.samplers, self.max_len = list(samplers), int(max_len)
 
@@ -410,7 +409,6 @@ class RayRuntime:
 
     def __init__(self, cfg, workdir: str):
         from c2jax.rl.learner import learner_cfg
-        from c2jax.rl.loop import make_env
         r = cfg.rl
         ray, self.owns_cluster = init_ray(r)
         self.ray = ray

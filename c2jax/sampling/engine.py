@@ -33,7 +33,7 @@ import itertools
 import json
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -44,9 +44,15 @@ from jax.sharding import NamedSharding, PartitionSpec
 from c2jax.models import transformer as tfm
 from c2jax.sampling import logits as lg
 from c2jax.sampling import unrolled
-
-FINISH = {0: "", 1: "stop", 2: "length", 3: "max_len"}
-MAX_STOP_IDS = 8
+from c2jax.sampling.rows import (
+    FINISH,
+    MAX_STOP_IDS,
+    finish_codes,
+    init_row_state,
+    prefill_compute,
+    write_rows,
+)
+from c2jax.sampling.rows import RowState, prefill_rows  # noqa: F401  (importable from here, as before)
 
 
 # ----------------------------------------------------------------------------- requests
@@ -91,31 +97,6 @@ class Completion:
         return None if self.expert_ids is None else self.expert_ids[self.prompt_len:]
 
 
-class RowState(NamedTuple):
-    """Device state of every slot (arrays of leading size B)."""
-
-    cur: jax.Array        # int32 pending token (not yet in the cache)
-    pos: jax.Array        # int32 tokens in the cache (= position of `cur`)
-    live: jax.Array       # bool: the next step consumes `cur`
-    done: jax.Array       # bool: the next step only flushes (no new token)
-    ngen: jax.Array       # int32 tokens generated so far
-    max_new: jax.Array    # int32
-    temp: jax.Array       # f32
-    top_k: jax.Array      # int32
-    top_p: jax.Array      # f32
-    key: jax.Array        # typed PRNG key per row
-    stop: jax.Array       # int32 [B, X] stop ids (-1 padded)
-    reason: jax.Array     # int32 FINISH code
-
-
-def init_row_state(B: int) -> RowState:
-    z = lambda dt=jnp.int32: jnp.zeros((B,), dt)
-    return RowState(cur=z(), pos=z(), live=z(bool), done=z(bool), ngen=z(), max_new=z(),
-                    temp=jnp.ones((B,), jnp.float32), top_k=z(), top_p=jnp.ones((B,), jnp.float32),
-                    key=jax.random.split(jax.random.key(0), B), stop=jnp.full((B, MAX_STOP_IDS), -1, jnp.int32),
-                    reason=z())
-
-
 def sampler_model_cfg(cfg, exact_moe: bool = True):
     """The model config the sampler runs. With exact_moe, MoE dispatch never drops tokens (so a
     row's output cannot depend on the other rows): capacity dispatch gets capacity_factor =
@@ -127,66 +108,7 @@ def sampler_model_cfg(cfg, exact_moe: bool = True):
     return m
 
 
-def _finish_codes(tok, ngen, pos_of_tok, max_new, stop, S):
-    is_stop = jnp.any(tok[:, None] == stop, axis=-1)
-    hit_len = ngen >= max_new
-    hit_cache = pos_of_tok >= S - 1
-    code = jnp.where(is_stop, 1, jnp.where(hit_len, 2, jnp.where(hit_cache, 3, 0))).astype(jnp.int32)
-    return code
-
-
 # ----------------------------------------------------------------------------- jitted kernels
-
-
-def prefill_rows(step, N, S, cache, state, tokens_bL, start_b, len_b, src_slot_b, dest_slot_M, dest_src_M,
-                 seed_M, rid_M, sidx_M, max_new_M, temp_M, top_k_M, top_p_M, stop_MX, use_filter):
-    """The prefill both kernel sets share (inside their jit): run `step(tokens, positions, cache)
-    -> (out, extra)` on the source slots' caches (b prompt suffixes; padding at position S),
-    copy the new caches into the M destination slots, sample each destination row's first token
-    and write its RowState. Returns (cache, state, (tok, lp, raw, code, experts), (out, extra), key0)."""
-    rows = jax.tree.map(lambda c: c[:, src_slot_b], cache)
-    new_rows, upd, outs, (out, extra), key0 = prefill_compute(
-        step, N, S, rows, tokens_bL, start_b, len_b, dest_src_M, seed_M, rid_M, sidx_M, max_new_M, temp_M,
-        top_k_M, top_p_M, stop_MX, use_filter)
-    cache, state = write_rows(cache, state, new_rows, upd, dest_slot_M, dest_src_M)
-    return cache, state, outs, (out, extra), key0
-
-
-def prefill_compute(step, N, S, rows, tokens_bL, start_b, len_b, dest_src_M, seed_M, rid_M, sidx_M, max_new_M,
-                    temp_M, top_k_M, top_p_M, stop_MX, use_filter):
-    """prefill_rows' work on the b source rows' caches `rows` alone: returns (new b-row caches,
-    RowState of the M destination rows, (tok, lp, raw, code, experts), (out, extra), key0)."""
-    b, L = tokens_bL.shape
-    ar = jnp.arange(L, dtype=jnp.int32)
-    positions = jnp.where(ar[None] < len_b[:, None], start_b[:, None] + ar[None], S)
-    out, extra = step(tokens_bL, positions, rows)
-    last_bV = out.logits[jnp.arange(b), jnp.maximum(len_b - 1, 0)]
-    base = lg.row_keys(seed_M, rid_M, sidx_M)
-    key0 = lg.step_keys(base, jnp.zeros_like(sidx_M))
-    tok, lp, raw = lg.select_tokens(last_bV[dest_src_M], key0, temp_M, top_k_M, top_p_M, use_filter)
-    pos_M = (start_b + len_b)[dest_src_M]
-    one = jnp.ones_like(pos_M)
-    code = _finish_codes(tok, one, pos_M, max_new_M, stop_MX, S)
-    upd = RowState(cur=tok, pos=pos_M, live=jnp.ones_like(pos_M, bool), done=code > 0, ngen=one,
-                   max_new=max_new_M, temp=temp_M, top_k=top_k_M, top_p=top_p_M, key=base, stop=stop_MX,
-                   reason=code)
-    experts = out.aux["expert_ids"] if N else None
-    return out.cache, upd, (tok, lp, raw, code, experts), (out, extra), key0
-
-
-def write_rows(cache, state, new_rows, upd, dest_slot_M, dest_src_M):
-    """Destination slot dest_slot_M[k] (B: none) gets source row dest_src_M[k]'s new cache and
-    RowState upd[k]. new_rows (stacked [Y, b, P, ...]) may hold only positions [0, P) of each
-    row: the rest of the destination row is left as it is (stale entries past a row's position
-    are masked). cache: stacked, or per layer (the split decode's list, unrolled.split_cache)."""
-    P = jax.tree.leaves(new_rows)[0].shape[2]
-    if isinstance(cache, list):
-        cache = [jax.tree.map(lambda c, n: c.at[dest_slot_M, :P].set(n[dest_src_M], mode="drop"), layer, new)
-                 for layer, new in zip(cache, unrolled.split_cache(new_rows))]
-    else:
-        cache = jax.tree.map(lambda c, n: c.at[:, dest_slot_M, :P].set(n[:, dest_src_M], mode="drop"), cache, new_rows)
-    state = jax.tree.map(lambda s, u: s.at[dest_slot_M].set(u, mode="drop"), state, upd)
-    return cache, state
 
 
 @functools.partial(jax.jit, static_argnums=(2, 3))
@@ -262,7 +184,7 @@ def _kernels(model_json: str, S: int, B: int, split: bool = False):
             tok, lp, raw = lg.select_tokens(out.logits[:, 0], lg.step_keys(st.key, st.ngen),
                                             st.temp, st.top_k, st.top_p, use_filter)
             ngen = st.ngen + gen
-            code = jnp.where(gen, _finish_codes(tok, ngen, st.pos + 1, st.max_new, st.stop, S), 0)
+            code = jnp.where(gen, finish_codes(tok, ngen, st.pos + 1, st.max_new, st.stop, S), 0)
             new = st._replace(
                 cur=jnp.where(gen, tok, st.cur), pos=jnp.where(st.live, st.pos + 1, st.pos),
                 live=st.live & ~st.done, done=st.done | (code > 0), ngen=ngen,

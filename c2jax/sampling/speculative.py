@@ -36,6 +36,7 @@ import ml_collections
 
 from c2jax.models import transformer as tfm
 from c2jax.sampling import logits as lg
+from c2jax.sampling.rows import finish_codes, prefill_rows
 
 
 def behaviour_logprobs(logits_BV, temp_B, top_k_B, top_p_B, use_filter: bool):
@@ -123,8 +124,6 @@ def init_cache(m, B: int, S: int, dtype=None) -> dict:
 @functools.lru_cache(maxsize=16)
 def kernels(model_json: str, S: int, B: int):
     """(prefill, decode, N): drop-in replacements of engine._kernels' for speculative="mtp"."""
-    from c2jax.sampling.engine import _finish_codes, prefill_rows
-
     m = ml_collections.ConfigDict(json.loads(model_json))
     d = m.num_mtp_layers
     if d < 1:
@@ -186,7 +185,7 @@ def kernels(model_json: str, S: int, B: int):
             tok, n_acc, lp, raw = verify(out.logits, cache["draft"], cache["logq"], key, st.temp, st.top_k,
                                          st.top_p, use_filter)
             flat = lambda a: a.reshape(-1)
-            code = _finish_codes(flat(tok), flat(st.ngen[:, None] + jW + 1), flat(st.pos[:, None] + jW + 1),
+            code = finish_codes(flat(tok), flat(st.ngen[:, None] + jW + 1), flat(st.pos[:, None] + jW + 1),
                                  jnp.repeat(st.max_new, W), jnp.repeat(st.stop, W, axis=0), S).reshape(B, W)
             code = jnp.where(jW <= n_acc[:, None], code, 0)
             first_stop = jnp.where(jnp.any(code > 0, 1), jnp.argmax(code > 0, 1), W)

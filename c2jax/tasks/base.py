@@ -114,8 +114,8 @@ class Task:
     interruption: (n, message): after the agent's n-th assistant turn (1-based), the runner
       injects `message` as a user turn; the final state must meet the new requirement.
     tools: tool names the task allows (None: the harness default set).
-    grader: None for test-verified tasks; behaviour tasks name their check set (see
-      c2jax.tasks.behaviour) and keep its parameters in metadata["behaviour"].
+    grader: None for test-verified tasks; behaviour tasks (c2jax.tasks.behaviour.BehaviourTask,
+      which grades them) name their check set and keep its parameters in metadata["behaviour"].
     """
 
     task_id: str
@@ -188,10 +188,8 @@ class Task:
         Call it after the episode, before any other process touches the workspace.
         """
         if self.grader is not None:
-            from c2jax.tasks import (
-                behaviour,  # local import: behaviour imports this module
-            )
-            return behaviour.grade_behaviour_task(self, Path(workspace_path), run, episode)
+            raise TypeError(f"Task {self.task_id} names the behaviour grader {self.grader!r} but is a plain Task; "
+                            f"build it as c2jax.tasks.behaviour.BehaviourTask (which runs those checks)")
         return self.run_hidden_tests(workspace_path, run)
 
 

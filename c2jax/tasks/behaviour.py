@@ -295,6 +295,14 @@ def run_checks(task: Task, original: dict[str, str], final: dict[str, str], fina
     raise ValueError(f"unknown behaviour grader {cat!r}")
 
 
+class BehaviourTask(Task):
+    """A Task graded by its behaviour checks (`grader` names the set), plus its hidden tests if any."""
+
+    def grade(self, workspace_path: Path, run, episode: dict | None = None) -> Grade:
+        """Grade the final workspace and the episode (see Task.grade)."""
+        return grade_behaviour_task(self, Path(workspace_path), run, episode)
+
+
 def grade_behaviour_task(task: Task, workspace: Path, run, episode: dict | None) -> Grade:
     episode = episode or {}
     original = episode.get("original_files") or task.files
@@ -322,17 +330,17 @@ def _edit(path, old, new):
 
 
 def _mk(category: str, prompt: str, files: dict, hidden: str | None, ref: list, ref_msg: str,
-        behaviour: dict, bads: list[dict], system_rules=None, interruption=None) -> Task:
+        behaviour: dict, bads: list[dict], system_rules=None, interruption=None) -> BehaviourTask:
     fp = repr((category, prompt, sorted(files.items()), system_rules, interruption))
     hidden_tests = {".c2jax_hidden/test_behaviour.py": plain_test_script(hidden)} if hidden else {}
     behaviour = dict(behaviour, bad_outcomes=[_bad("do_nothing", [], "")] + bads)
-    return Task(task_id=f"behaviour-{category}-{stable_hash(fp):012x}", suite="behaviour",
-                split=split_of(fp), prompt=prompt, files=files, hidden_tests=hidden_tests,
-                test_command=["python3", ".c2jax_hidden/test_behaviour.py"] if hidden else [],
-                reference_solution=ref, reference_message=ref_msg, grader=category,
-                system_rules=system_rules, interruption=interruption,
-                metadata={"difficulty": 1, "mutation": category, "behaviour": behaviour},
-                timeout_s=20.0)
+    return BehaviourTask(task_id=f"behaviour-{category}-{stable_hash(fp):012x}", suite="behaviour",
+                         split=split_of(fp), prompt=prompt, files=files, hidden_tests=hidden_tests,
+                         test_command=["python3", ".c2jax_hidden/test_behaviour.py"] if hidden else [],
+                         reference_solution=ref, reference_message=ref_msg, grader=category,
+                         system_rules=system_rules, interruption=interruption,
+                         metadata={"difficulty": 1, "mutation": category, "behaviour": behaviour},
+                         timeout_s=20.0)
 
 
 _MODS = ("calc.py", "helpers.py", "util.py", "ops.py", "core.py")

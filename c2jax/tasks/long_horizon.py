@@ -145,15 +145,6 @@ def load(split: str, n: int | None = None, seed: int = 0, n_files: int = 8, file
 SMALL = {"n_files": 5, "file_chars": 200}  # "long_horizon_small": ~1.9k BPE tokens in full (tiny model)
 
 
-def _register():
-    from c2jax.tasks import register_suite
-    register_suite("long_horizon", lambda split, n, seed, **kw: load(split, n, seed, **kw))
-    register_suite("long_horizon_small", lambda split, n, seed, **kw: load(split, n, seed, **{**SMALL, **kw}))
-
-
-_register()
-
-
 # ----------------------------------------------------------------------------- scripted agent
 _FACT_RE = re.compile(r"\b(LEGACY_[A-Z0-9_]+) ?= ?(-?\d+)")
 _SPECIAL_RE = re.compile(r"<\|/?[a-z_]+\|>")
@@ -188,7 +179,7 @@ class LongHorizonPolicy:
 
     # -- what the context shows
     def knowledge(self, text: str) -> dict:
-        from c2jax.agent.summarize import escape_free
+        from c2jax.agent.chat_format import escape_free
         text = escape_free(text)
         files: set[str] = set()
         read: set[str] = set()
@@ -236,12 +227,12 @@ class LongHorizonPolicy:
     # -- the three kinds of requests
     def next_message(self, context, codec) -> str:
         from c2jax.agent import chat_format as cf
-        from c2jax.agent import summarize as sm
+        from c2jax.agent import policy_protocol as pp
         text = codec.decode(context)
-        if text.startswith(cf.render_system(sm.COMPACTION_SYSTEM)):
+        if text.startswith(cf.render_system(pp.COMPACTION_SYSTEM)):
             return self.compaction(text)
-        if text.endswith(cf.render_user(sm.SUMMARIZE_QUERY) + cf.assistant_prefix()):
-            return self.self_summary(text[:-len(cf.render_user(sm.SUMMARIZE_QUERY) + cf.assistant_prefix())])
+        if text.endswith(cf.render_user(pp.SUMMARIZE_QUERY) + cf.assistant_prefix()):
+            return self.self_summary(text[:-len(cf.render_user(pp.SUMMARIZE_QUERY) + cf.assistant_prefix())])
         k = self.knowledge(text)
         if k["written"]:
             return cf.render_assistant(self.task.reference_message or "Done.")
@@ -291,7 +282,7 @@ class LongHorizonPolicy:
         the lines naming an identifier of the task prompt (LEGACY_*, REGISTRY); directory
         listings whole. Lines are deduplicated."""
         from c2jax import special_tokens as st
-        from c2jax.agent.summarize import escape_free
+        from c2jax.agent.chat_format import escape_free
         text = escape_free(text.split("TRANSCRIPT:\n", 1)[-1])
         idents = re.findall(r"[A-Za-z]+(?:_[A-Za-z*]+)+|\b[A-Z]{4,}\b", self.task.prompt)
         keywords = {w.lower().rstrip("*") for w in idents}
@@ -324,7 +315,7 @@ class LongHorizonPolicy:
 
 def make_long_horizon_policy(task, **kw):
     """LongHorizonPolicy as a c2jax.agent TextPolicy."""
-    from c2jax.agent.policy import TextPolicy
+    from c2jax.agent.policy_protocol import TextPolicy
 
     class _P(LongHorizonPolicy, TextPolicy):
         def __init__(self):

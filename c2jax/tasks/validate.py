@@ -25,6 +25,7 @@ from c2jax.tasks.base import (
     reference_files,
     write_files,
 )
+from c2jax.tasks.registry import load_suite, suite_stats
 
 
 @dataclasses.dataclass
@@ -46,6 +47,7 @@ def _grade_state(task: Task, files: dict[str, str], final_message: str, tool_cal
 
 
 def validate_task(task: Task, run=local_run) -> ValidationResult:
+    """Check one task: its reference passes, the unmodified repo and every listed bad outcome fail."""
     t0 = time.monotonic()
     problems: list[str] = []
     try:
@@ -85,7 +87,6 @@ def validate_tasks(tasks: list[Task], run=local_run, workers: int = 2) -> list[V
 def validate_suite(name: str, split: str = "train", n: int | None = None, seed: int = 0,
                    run=local_run, workers: int = 2, verbose: bool = True) -> dict:
     """Generate and validate a suite; print and return counts."""
-    from c2jax.tasks import load_suite, suite_stats
     t0 = time.monotonic()
     tasks = load_suite(name, split, n=n, seed=seed)
     t_gen = time.monotonic() - t0

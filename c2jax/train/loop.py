@@ -20,7 +20,9 @@ from c2jax.data.codebase import codebase_eval_arrays, iter_batches
 from c2jax.data.pipeline import load_corpus_and_tokenizer, make_sft_iterator, make_train_iterator
 from c2jax.data.tokenizer import Tokenizer
 from c2jax.models import flops_per_token, init_params, param_count
-from c2jax.parallel import activate, data_sharding, make_mesh, param_shardings
+from c2jax.models import param_shardings
+from c2jax.ops.target import target_of_mesh
+from c2jax.parallel import activate, data_sharding, make_mesh
 from c2jax.parallel.distributed import global_batch
 from c2jax.train.checkpoint import Checkpointer, StopFlag, abstract_like
 from c2jax.train.metrics import MetricsWriter, Progress, measured_matmul_peak
@@ -145,11 +147,11 @@ def run_training(cfg, workdir: str) -> dict:
         from c2jax.config import ConfigError
         raise ConfigError("MTP heads with context parallelism (mesh context > 1) are not supported in training "
                           "yet: the MTP shift assumes in-order tokens; set model.num_mtp_layers=0")
-    optimizer = make_optimizer(t)
     with activate(cfg, mesh):
         p_sh = param_shardings(cfg, mesh)
         dsh = data_sharding(cfg, mesh)
         params = initial_params(cfg, p_sh)
+        optimizer = make_optimizer(t, target_of_mesh(mesh), params)   # train.optimizer for this mesh
         state, st_sh = init_sharded_state(cfg, optimizer, mesh, params, p_sh, cfg.seed)
         del params
         step_fn = make_train_step(cfg, optimizer, st_sh, dsh)

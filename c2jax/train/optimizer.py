@@ -1,4 +1,6 @@
-"""AdamW with linear warmup + cosine decay, global-norm clipping and a weight-decay mask.
+"""The training optimizer: AdamW with linear warmup + cosine decay, global-norm clipping and a
+weight-decay mask, computed by the implementation `train.optimizer` chooses (c2jax.ops.optimizer:
+"auto", "optax_adamw" or "cpu_fused_adamw").
 
 Norm scales, biases and embeddings are not decayed; the router's selection bias is not trained
 by the optimizer at all (it moves only by the aux-loss-free update).
@@ -8,6 +10,7 @@ from __future__ import annotations
 import jax
 import optax
 
+from c2jax.ops.optimizer import AdamW, FusedAdamW, TrainOptimizer, make  # noqa: F401 (FusedAdamW re-exported)
 from c2jax.treepath import key_names
 
 
@@ -34,20 +37,16 @@ def learning_rate_schedule(t) -> optax.Schedule:
         decay_steps=warmup + decay_steps, end_value=t.lr * t.min_lr_ratio)
 
 
-class TrainOptimizer(optax.GradientTransformationExtraArgs):
-    """make_optimizer's transformation. Its `train_cfg` attribute is the `train` section it was
-    made from: the fused CPU step (c2jax.backends.cpu.adamw) takes the hyperparameters from there, so
-    the optimizer and its fused form cannot disagree."""
+def adamw_of(t) -> AdamW:
+    """The AdamW definition of the `train` config section."""
+    return AdamW(learning_rate=learning_rate_schedule(t), b1=float(t.b1), b2=float(t.b2),
+                 eps=float(t.get("adam_eps", 1e-8)), weight_decay=float(t.weight_decay), grad_clip=float(t.grad_clip),
+                 decay_mask=decay_mask, frozen_labels=frozen_labels)
 
 
-def make_optimizer(t) -> TrainOptimizer:
-    """The training optimizer from the `train` config section."""
-    chain = []
-    if t.grad_clip > 0:
-        chain.append(optax.clip_by_global_norm(t.grad_clip))
-    chain.append(optax.adamw(learning_rate_schedule(t), b1=t.b1, b2=t.b2, eps=float(t.get("adam_eps", 1e-8)),
-                             weight_decay=t.weight_decay, mask=decay_mask))
-    tx = optax.multi_transform({"train": optax.chain(*chain), "frozen": optax.set_to_zero()}, frozen_labels)
-    out = TrainOptimizer(tx.init, tx.update)
-    out.train_cfg = t
-    return out
+def make_optimizer(t, target=None, params=None) -> TrainOptimizer:
+    """The training optimizer from the `train` config section, as the implementation
+    t.optimizer names ("auto": the first that runs on `target`, default
+    c2jax.ops.current_target(), and on `params`' dtypes when given; pass the step's target,
+    target_of_mesh(mesh), when the optimizer is made outside the step's mesh)."""
+    return make(t.get("optimizer", "auto"), adamw_of(t), target, params)

@@ -15,7 +15,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from c2jax.models import forward, head_weight, update_router_bias
 from c2jax.models.transformer import model_cfg, unrolled_stacks
-from c2jax.backends.cpu import adamw as cpu_adamw
+from c2jax.ops import token_nll as token_nll_op
 from c2jax.train.head_loss import head_token_nll
 from c2jax.treepath import flatten_by_path, key_names
 
@@ -29,9 +29,7 @@ def token_nll(logits_BLV, targets_BL):
 
 @jax.custom_vjp
 def _nll_lse(logits_BLV, targets_BL):
-    lse_BL = jax.nn.logsumexp(logits_BLV, axis=-1)
-    target_logit = jnp.take_along_axis(logits_BLV, targets_BL[..., None], axis=-1)[..., 0]
-    return lse_BL - target_logit, lse_BL
+    return token_nll_op.xla_forward(logits_BLV, targets_BL)
 
 
 def _nll_lse_fwd(logits_BLV, targets_BL):
@@ -40,14 +38,10 @@ def _nll_lse_fwd(logits_BLV, targets_BL):
 
 
 def _nll_lse_bwd(res, cts):
-    # d/dlogits: (g_nll + g_lse) * softmax - g_nll * onehot(target), in one elementwise pass over
-    # the [B, L, V] logits (autodiff adds a zero-filled scatter for the target gather).
+    # d/dlogits in one elementwise pass over the [B, L, V] logits (token_nll's XLA backward)
     logits_BLV, targets_BL, lse_BL = res
     g_nll, g_lse = cts
-    probs = jnp.exp(logits_BLV - lse_BL[..., None])
-    hit = jax.lax.broadcasted_iota(jnp.int32, logits_BLV.shape, logits_BLV.ndim - 1) == targets_BL[..., None]
-    d = (g_nll + g_lse)[..., None] * probs - jnp.where(hit, g_nll[..., None], 0.0)
-    return d.astype(logits_BLV.dtype), None
+    return token_nll_op.xla_backward(logits_BLV, lse_BL, targets_BL, g_nll, g_lse).astype(logits_BLV.dtype), None
 
 
 _nll_lse.defvjp(_nll_lse_fwd, _nll_lse_bwd)
@@ -67,7 +61,7 @@ def forward_nll(cfg, params, batch, forced_expert_ids=None, *, scale: float = 1.
     B, L, D = out.logits.shape
     w, tied = head_weight(cfg, params)
     nll_T, lse_T = head_token_nll(out.logits.reshape(B * L, D), w, batch["targets"].reshape(B * L),
-                                  scale=scale, tied=tied)
+                                  scale=scale, tied=tied, kernels=model_cfg(cfg).get("kernels"))
     return nll_T.reshape(B, L), lse_T.reshape(B, L), out
 
 
@@ -123,24 +117,26 @@ def total_loss(cfg, terms, total_weight, num_micro):
 def apply_if_finite(optimizer, params, opt_state, grads, loss, after=None, unrolled=()):
     """(new params, new optimizer state, finite, grad norm): the optimizer step (then `after` on
     the new params) when loss and gradients are finite, else params and state unchanged.
-    unrolled: the stacks whose gradients the fused step reads layer by layer (cpu_adamw.layers_of).
-    make_optimizer's optimizer runs as the fused CPU kernel where it can (c2jax.backends.cpu.adamw:
-    same arithmetic, one pass, the gate inside); others, and other targets, as below.
+    An optimizer with an in-place step (`apply_in_place`: train.optimizer's cpu_fused_adamw,
+    c2jax.ops.optimizer) runs that, the gate inside; `unrolled`: the stacks whose gradients it
+    reads layer by layer (its global_norm too). Any other optax transformation runs as below.
 
     One reduction decides: a NaN or inf anywhere in the gradients makes their norm non-finite (so
     does a sum of squares past float32 range, where clipping would zero the update anyway). A
     cond, not a select per leaf: XLA runs one branch, so a good step makes no extra pass over
     params and optimizer state (~0.1 s a step on the 89M CPU bench)."""
-    train_cfg = getattr(optimizer, "train_cfg", None)
-    fused = train_cfg is not None and cpu_adamw.usable(params, opt_state) is None
-    grad_norm = cpu_adamw.global_norm(grads, unrolled) if fused else optax.global_norm(grads)
-    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-    if fused:
-        new_params, new_opt = cpu_adamw.apply(train_cfg, params, opt_state, grads, finite, grad_norm, unrolled)
+    in_place = getattr(optimizer, "apply_in_place", None)
+    if in_place is not None:
+        grad_norm = optimizer.global_norm(grads, unrolled)
+        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+        new_params, new_opt = in_place(params, opt_state, grads, finite, grad_norm, unrolled)
         if after:  # only the leaves `after` replaced need the gate
             bumped = after(new_params)
             new_params = jax.tree.map(lambda b, n: n if b is n else jnp.where(finite, b, n), bumped, new_params)
         return new_params, new_opt, finite, grad_norm
+
+    grad_norm = optax.global_norm(grads)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
 
     def update(operands):
         params, opt_state, grads = operands

@@ -25,6 +25,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 
 def main(argv=None):
+    from c2jax import hostmem
+    hostmem.retain_freed_memory()  # first: host malloc keeps freed memory before XLA's threads start
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="configs/rl_tiny.py:toy")
     ap.add_argument("--steps", type=int, default=8)

@@ -66,7 +66,8 @@ def main(argv=None) -> int:
     ap.add_argument("--detail", default="", help="also list the operations of this kind")
     args = ap.parse_args(argv)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    import c2jax  # noqa: F401  (host malloc first, as in train_step.py)
+    from c2jax import hostmem
+    hostmem.retain_freed_memory()  # host malloc first, as in train_step.py
     import jax
 
     cfg, mesh, compiled, state, batch, _ = build_step(args.batch, args.seq, args.set)

@@ -182,6 +182,7 @@ def bench_hf(weights_dir, batch, prompt_len, new_tokens, threads):
 
 
 def main() -> int:
+    c2jax.hostmem.retain_freed_memory()  # first: host malloc keeps freed memory before XLA's threads start
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="tiny,100m")
     ap.add_argument("--batches", default="1,8,32")

@@ -66,6 +66,7 @@ def run(cfg, params, reqs, batch, max_len, chunk, devices) -> dict:
 
 
 def main() -> int:
+    c2jax.hostmem.retain_freed_memory()  # first: host malloc keeps freed memory before XLA's threads start
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="100m", choices=["tiny", "100m"])
     ap.add_argument("--batch", type=int, default=32)

@@ -117,6 +117,7 @@ def bench_quantized(args, rows):
 
 
 def main() -> int:
+    c2jax.hostmem.retain_freed_memory()  # first: host malloc keeps freed memory before XLA's threads start
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", choices=sorted(MODELS), default="tiny")
     ap.add_argument("--batches", default="1,8")

@@ -85,6 +85,24 @@ def test_question_task_uses_the_episode(tmp_path):
     assert not t.grade(tmp_path, local_run).passed  # no episode: no answer
 
 
+def test_behaviour_tasks_grade_themselves_after_pickling(tmp_path):
+    # c2jax.tasks.base knows nothing of behaviour checks: the BehaviourTask class carries them,
+    # through pickling too (Ray ships tasks to env actors)
+    import dataclasses
+    import pickle
+
+    from c2jax.tasks import Task
+    t = next(t for t in load_suite("behaviour", "train", n=12) if t.grader == "question")
+    t2 = pickle.loads(pickle.dumps(t))
+    assert type(t2) is bh.BehaviourTask and t2 == t
+    t2.materialize(tmp_path)
+    ep = {"final_message": t2.reference_message, "tool_calls": [], "original_files": t2.files}
+    assert t2.grade(tmp_path, local_run, episode=ep).passed
+    plain = Task(**{f.name: getattr(t, f.name) for f in dataclasses.fields(Task)})
+    with pytest.raises(TypeError, match="BehaviourTask"):
+        plain.grade(tmp_path, local_run, episode=ep)
+
+
 def test_interruption_and_rules_fields():
     tasks = load_suite("behaviour", "train", n=16)
     inter = [t for t in tasks if t.grader == "interruption"]

@@ -1,12 +1,16 @@
-"""The fused output head + NLL against the unfused reference (logits, then token_nll), and the
-trainer's loss through it against the logits path."""
+"""The fused output head + NLL: each token_nll implementation (c2jax.ops.token_nll) against float64
+numpy, auto's choice against the unfused path (logits, then token_nll), and the trainer's loss
+through it against the logits path."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import c2jax
+from c2jax.backends.cpu import kernels as cpu_kernels
 from c2jax.config import load_config
+from c2jax.ops import KernelUnavailable, Target, record_choices
+from c2jax.ops.token_nll import TOKEN_NLL
 from c2jax.train.head_loss import head_token_nll
 from c2jax.train.step import forward_nll, loss_terms, token_nll
 
@@ -20,17 +24,59 @@ def _inputs(T=24, D=16, V=40, seed=0, tied=False):
     return h, w, t, g
 
 
-@pytest.mark.parametrize("V", [40, 64])   # 64: the NLL passes run as cpu_loss.cc's FFI calls on CPU
+def _reference_f64(h, w, t, g, scale, tied, z=0.1):
+    """float64 numpy (nll, lse, dh, dw) of sum(g * (nll + z * lse^2)), logits = scale * h @ W."""
+    h64, w64, t, g = (np.asarray(x, np.float64) for x in (h, w, t, g))
+    W = w64.T if tied else w64
+    logits = scale * h64 @ W
+    m = logits.max(-1, keepdims=True)
+    lse = (m + np.log(np.exp(logits - m).sum(-1, keepdims=True)))[:, 0]
+    t = t.astype(np.int64)
+    nll = lse - logits[np.arange(len(t)), t]
+    p = np.exp(logits - lse[:, None])
+    onehot = np.eye(logits.shape[1])[t]
+    d = scale * (g[:, None] * (p - onehot) + (g * 2 * z * lse)[:, None] * p)   # d loss / d (h @ W)
+    dh, dW = d @ W.T, h64.T @ d
+    return nll, lse, dh, (dW.T if tied else dW)
+
+
+IMPLS = ["xla", pytest.param("cpu_ffi", marks=pytest.mark.skipif(
+    jax.default_backend() != "cpu" or cpu_kernels.unavailable() is not None, reason="CPU kernels unavailable"))]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("tied", [False, True])
 @pytest.mark.parametrize("scale", [1.0, 1.0 / 0.7])
-def test_fused_head_matches_logits_then_nll(tied, scale, V, monkeypatch):
-    from c2jax.train import head_loss
-    uses_kernel = head_loss._cpu_kernel_usable(jnp.zeros((2, V))) is None
-    assert uses_kernel == (V == 64 and jax.default_backend() == "cpu"
-                           and head_loss.cpu_kernels.unavailable() is None)
+def test_fused_head_implementations_match_float64(impl, tied, scale, monkeypatch):
+    """Each token_nll implementation, pinned by model.kernels.token_nll: the one chosen is recorded
+    and is the one that runs (the FFI calls, or none), and values and gradients match float64 numpy."""
     calls = []
     real = jax.ffi.ffi_call
     monkeypatch.setattr(jax.ffi, "ffi_call", lambda name, *a, **k: calls.append(name) or real(name, *a, **k))
+    h, w, t, g = _inputs(V=64, tied=tied, seed=int(tied))
+    z = 0.1
+
+    def fused(h, w):
+        nll, lse = head_token_nll(h, w, t, scale=scale, tied=tied, kernels={"token_nll": impl})
+        return jnp.sum(nll * g) + z * jnp.sum(jnp.square(lse) * g), (nll, lse)
+
+    with record_choices() as rec:
+        (_, (nll, lse)), (dh, dw) = jax.jit(jax.value_and_grad(fused, argnums=(0, 1), has_aux=True))(h, w)
+    assert rec["token_nll"] == {impl: 1}, rec
+    ffi = [cpu_kernels.TOKEN_NLL_FWD, cpu_kernels.TOKEN_NLL_BWD]
+    assert [c for c in calls if c in ffi] == (ffi if impl == "cpu_ffi" else [])
+    ref = _reference_f64(h, w, t, g, scale, tied, z)
+    for got, want in zip((nll, lse, dh, dw), ref):
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+    assert float(jnp.max(jnp.abs(dw))) > 1e-3   # the weight gradient is really there
+
+
+@pytest.mark.parametrize("V", [40, 64])
+@pytest.mark.parametrize("tied", [False, True])
+def test_fused_head_matches_logits_then_nll(tied, V):
+    """Auto's choice (cpu_ffi on CPU for a vocab that is a multiple of 16, else xla) against the
+    unfused path: logits, then token_nll."""
+    scale = 1.0 / 0.7
     h, w, t, g = _inputs(V=V, tied=tied, seed=int(tied))
 
     def ref(h, w):
@@ -43,13 +89,23 @@ def test_fused_head_matches_logits_then_nll(tied, scale, V, monkeypatch):
         return jnp.sum(nll * g) + 0.1 * jnp.sum(jnp.square(lse) * g), (nll, lse)
 
     (v_r, aux_r), g_r = jax.value_and_grad(ref, argnums=(0, 1), has_aux=True)(h, w)
-    (v_f, aux_f), g_f = jax.jit(jax.value_and_grad(fused, argnums=(0, 1), has_aux=True))(h, w)
+    with record_choices() as rec:
+        (v_f, aux_f), g_f = jax.jit(jax.value_and_grad(fused, argnums=(0, 1), has_aux=True))(h, w)
+    kernel = V % 16 == 0 and jax.default_backend() == "cpu" and cpu_kernels.unavailable() is None
+    assert rec["token_nll"] == {"cpu_ffi" if kernel else "xla": 1}
     np.testing.assert_allclose(v_f, v_r, rtol=1e-5)
     for a, b in zip(aux_f + g_f, aux_r + g_r):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
-    assert float(jnp.max(jnp.abs(g_f[1]))) > 1e-3   # the weight gradient is really there
-    if uses_kernel:
-        assert calls == [head_loss.cpu_kernels.TOKEN_NLL_FWD, head_loss.cpu_kernels.TOKEN_NLL_BWD]
+
+
+def test_pinned_token_nll_where_it_cannot_run_raises_its_reason():
+    h, w, t, _ = _inputs(V=40)
+    with pytest.raises(KernelUnavailable, match="token_nll='cpu_ffi'.*multiple of 16"):
+        head_token_nll(h, w, t, kernels={"token_nll": "cpu_ffi"})
+    with pytest.raises(KernelUnavailable, match="target is tpu"):
+        TOKEN_NLL.select("cpu_ffi", Target("tpu"), T=8, V=64)
+    assert TOKEN_NLL.select("auto", Target("tpu"), T=8, V=64).name == "xla"
+    assert TOKEN_NLL.select("auto", Target("cpu", (("fsdp", 2),)), T=8, V=64).name == "xla"
 
 
 def test_fused_head_bf16_is_close_to_float32():
@@ -65,6 +121,8 @@ def test_fused_head_bf16_is_close_to_float32():
 @pytest.mark.parametrize("name,extra", [("tiny.py", ()), ("tiny.py:mla", ()),
                                         ("tiny.py", ("--config.model.tie_embeddings=True",))])
 def test_loss_terms_fused_equal_logits_path(name, extra):
+    """The trainer's loss through the fused head (its token_nll as model.kernels chooses) against
+    the logits path."""
     cfg = load_config(f"configs/{name}", [*extra,
         "--config.model.hidden_size=32", "--config.model.num_layers=2", "--config.model.moe_intermediate_size=16",
         "--config.model.intermediate_size=32", "--config.model.vocab_size=96", "--config.model.init_std=0.1"])

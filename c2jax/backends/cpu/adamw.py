@@ -1,5 +1,5 @@
-"""The optimizer step of c2jax.train.optimizer.make_optimizer as one in-place FFI pass per leaf on
-CPU (c2jax/backends/cpu/cpu_adamw.cc), with the finiteness gate inside.
+"""AdamW's step as one in-place FFI pass per leaf on CPU (c2jax/backends/cpu/cpu_adamw.cc), with
+the finiteness gate inside: the arithmetic of c2jax.ops.optimizer's cpu_fused_adamw.
 
 Why: XLA CPU runs optax's AdamW as three fusions per leaf (new mu, new nu, then the parameter
 from both), ~10 passes over the parameter-sized arrays, and apply_if_finite's cond copies every
@@ -8,8 +8,10 @@ parameter on entry so the branch can write the donated buffers: ~0.3 s of a 2.6 
 with non-finite loss or gradients returns at once, leaving params and state as they were.
 
 Same arithmetic as optax (clip_by_global_norm -> scale_by_adam -> masked add_decayed_weights ->
-scale_by_learning_rate -> apply_updates, in that order, float32); frozen leaves (the router's
-selection bias) are not touched, as under optax.multi_transform's set_to_zero.
+scale_by_learning_rate -> apply_updates, in that order, float32) on the state tree of
+c2jax.ops.optimizer.optax_adamw; frozen leaves (the router's selection bias) are not touched, as
+under optax.multi_transform's set_to_zero. The AdamW definition `a` (c2jax.ops.optimizer.AdamW)
+gives the hyperparameters, the learning-rate schedule and the decay / frozen masks.
 """
 from __future__ import annotations
 
@@ -21,7 +23,6 @@ from optax._src import numerics
 
 from c2jax.backends.cpu import kernels as cpu_kernels
 from c2jax.treepath import flatten_by_path, key_names
-from c2jax.train.optimizer import decay_mask, frozen_labels, learning_rate_schedule
 
 _STATES = (optax.ScaleByAdamState, optax.ScaleByScheduleState)
 
@@ -37,30 +38,25 @@ def _find_states(opt_state):
     return found
 
 
-def usable(params, opt_state) -> str | None:
-    """Why the fused step cannot replace optax here (None when it can): CPU kernels available,
-    float32 params and moments, and the state of make_optimizer's AdamW."""
-    why = cpu_kernels.training_unavailable()
-    if why:
-        return why
-    if any(leaf.dtype != jnp.float32 for leaf in jax.tree.leaves(params)):
-        return "params are not all float32"
+def state_unusable(opt_state) -> str | None:
+    """Why `opt_state` is not a state the kernel steps (None when it is): the state of
+    c2jax.ops.optimizer.optax_adamw with float32 moments."""
     found = _find_states(opt_state)
     if [len(found.get(t, [])) for t in _STATES] != [1, 1]:
-        return "optimizer state is not make_optimizer's AdamW"
+        return "the optimizer state is not AdamW's (c2jax.ops.optimizer.optax_adamw's init)"
     adam = found[optax.ScaleByAdamState][0]
     if any(leaf.dtype != jnp.float32 for leaf in jax.tree.leaves((adam.mu, adam.nu))):
-        return "Adam moments are not float32"
+        return "the Adam moments are not float32"
     return None
 
 
-def _leaf_step(p, g, m, v, coef, t, wd, offset=0):
+def _leaf_step(p, g, m, v, coef, a, wd, offset=0):
     """(p, m, v) with elements [offset, offset + g.size) stepped by g, in place."""
     return jax.ffi.ffi_call(
         cpu_kernels.ADAMW, tuple(jax.ShapeDtypeStruct(p.shape, jnp.float32) for _ in range(3)),
         input_output_aliases={0: 0, 2: 1, 3: 2}, vmap_method="sequential")(
-        p, g, m, v, coef, b1=np.float64(t.b1), b2=np.float64(t.b2),
-        eps=np.float64(float(t.get("adam_eps", 1e-8))), wd=np.float64(wd), offset=np.int64(offset))
+        p, g, m, v, coef, b1=np.float64(a.b1), b2=np.float64(a.b2), eps=np.float64(a.eps), wd=np.float64(wd),
+        offset=np.int64(offset))
 
 
 def layers_of(path, g, unrolled=()) -> list:
@@ -88,14 +84,18 @@ def _flat_norm(g_flat, unrolled):
     return jnp.sqrt(sum(sq))
 
 
-def apply(t, params, opt_state, grads, finite, grad_norm=None, unrolled=()):
-    """(new params, new optimizer state) of make_optimizer(t) for these grads, or the old ones
-    where `finite` is False. `grad_norm`: the norm of all of `grads`, if already computed (the
-    clip's norm over the trained leaves is then that one when no leaf is frozen). `unrolled`: the
-    stacks whose gradients are read layer by layer (layers_of)."""
+def apply(a, params, opt_state, grads, finite, grad_norm=None, unrolled=()):
+    """(new params, new optimizer state) of AdamW `a` for these grads, or the old ones where
+    `finite` is False. `grad_norm`: the norm of all of `grads`, if already computed (the clip's
+    norm over the trained leaves is then that one when no leaf is frozen). `unrolled`: the stacks
+    whose gradients are read layer by layer (layers_of)."""
+    why = state_unusable(opt_state)
+    if why:
+        raise ValueError(f"the fused AdamW step cannot step this state: {why}; build the state with the "
+                         f"optimizer's own init")
     found = _find_states(opt_state)
     adam, sched = found[optax.ScaleByAdamState][0], found[optax.ScaleByScheduleState][0]
-    labels, decay = frozen_labels(params), decay_mask(params)
+    labels, decay = a.frozen_labels(params), a.decay_mask(params)
     train = {k for k, lab in flatten_by_path(labels).items() if lab == "train"}
     g_flat = flatten_by_path(grads)
     if grad_norm is not None and len(train) == len(g_flat):
@@ -103,10 +103,10 @@ def apply(t, params, opt_state, grads, finite, grad_norm=None, unrolled=()):
     else:
         g_norm = _flat_norm({k: g_flat[k] for k in sorted(train)}, unrolled)
     count_inc = numerics.safe_increment(adam.count)
-    clip = t.grad_clip > 0
+    clip = a.grad_clip > 0
     coef = jnp.stack([  # the kernel's coef (cpu_adamw.cc); optax clips unless g_norm < max_norm
-        finite, (g_norm >= t.grad_clip) if clip else False, g_norm, t.grad_clip if clip else 1.0,
-        1 - t.b1 ** count_inc, 1 - t.b2 ** count_inc, -1 * learning_rate_schedule(t)(sched.count),
+        finite, (g_norm >= a.grad_clip) if clip else False, g_norm, a.grad_clip if clip else 1.0,
+        1 - a.b1 ** count_inc, 1 - a.b2 ** count_inc, -1 * a.learning_rate(sched.count),
     ]).astype(jnp.float32)
     p_flat, m_flat, v_flat = flatten_by_path(params), flatten_by_path(adam.mu), flatten_by_path(adam.nu)
     d_flat = flatten_by_path(decay)
@@ -117,7 +117,7 @@ def apply(t, params, opt_state, grads, finite, grad_norm=None, unrolled=()):
             continue
         p, m, v, offset = p_flat[k], m_flat[k], v_flat[k], 0
         for g in layers_of(k, g_flat[k], unrolled):   # a chain of in-place steps over a stack's layers
-            p, m, v = _leaf_step(p, g, m, v, coef, t, t.weight_decay if d_flat[k] else 0.0, offset)
+            p, m, v = _leaf_step(p, g, m, v, coef, a, a.weight_decay if d_flat[k] else 0.0, offset)
             offset += g.size
         new_p[k], new_m[k], new_v[k] = p, m, v
 

@@ -19,7 +19,6 @@ Letters: T tokens, K experts per token, A = T K assignments, E experts, D width,
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
