@@ -10,7 +10,7 @@ import pytest
 
 import c2jax
 from c2jax.config import ConfigError, default_config
-from c2jax.models import attention as attention_lib
+from c2jax.ops import attention_xla as attention_lib
 from c2jax.backends.cpu import attention as cpu_attention
 from c2jax.models import param_shardings
 from c2jax.parallel import activate, make_mesh
