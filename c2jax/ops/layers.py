@@ -93,7 +93,10 @@ def _biased(y, b, dtype):
 
 def matmuls(kernels, x, weights, dtype):
     """[x @ W_i (+ b_i)] in `dtype` for weights [(W_i [D, F_i], b_i or None)]."""
-    impl = MATMUL.select(kernels_choice(kernels, "matmul"), current_target(), layout=_layout(weights))
+    kinds = {_layout([wb]) for wb in weights}
+    if len(kinds) > 1:   # the sampler packed some of these projections only: one call each
+        return [matmuls(kernels, x, [wb], dtype)[0] for wb in weights]
+    impl = MATMUL.select(kernels_choice(kernels, "matmul"), current_target(), layout=kinds.pop())
     return impl.fn(x, weights, dtype)
 
 

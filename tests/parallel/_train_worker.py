@@ -36,9 +36,10 @@ def main():
     cfg.mesh.shape = tuple(int(s) for s in sys.argv[2].split(","))
     cfg.mesh.rules = tuple((n, ("fsdp", "context")) if n == "embed" else (n, t) for n, t in cfg.mesh.rules)
     cfg.train.batch_size, cfg.train.seq_len, cfg.train.steps = 4, 16, 3
-    optimizer = make_optimizer(cfg.train)
     params = c2jax.models.init_params(cfg, jax.random.key(0))
     mesh = make_mesh(cfg)
+    from c2jax.ops import target_of_mesh
+    optimizer = make_optimizer(cfg.train, target_of_mesh(mesh))
     losses = []
     with activate(cfg, mesh):
         p_sh = param_shardings(cfg, mesh)

@@ -156,7 +156,7 @@ def pack_experts(w_gate_EDF, w_up_EDF, w_down_EFD, mesh=None) -> PackedExperts:
     why = packable(w_gate_EDF, n)
     if why:
         raise ValueError(f"cannot pack experts for the CPU kernel: {why}")
-    from c2jax.models.moe import ffn_column_split   # moe dispatches to this module
+    from c2jax.ops.experts_xla import ffn_column_split   # the decode layout split
     wgu_nED2f, wd_nEfD = ffn_column_split(w_gate_EDF, w_up_EDF, w_down_EFD, n)
     wgu = jax.vmap(_panels)(wgu_nED2f)
     wd = jax.vmap(_panels)(wd_nEfD)
