@@ -17,6 +17,7 @@ from c2jax.models.layers import (Linear, LinearWeights, RMSNorm, apply_rope, dty
                                  rope_tables, rotate, softmax_scale)
 from c2jax.ops.attention_xla import (DECODE_MAX_QUERIES, attention_mask, causal_block_attention,  # noqa: F401
                                      dot_product_attention, mla_absorbed_attention)
+from c2jax.ops.attention_xla import decode_attention_reduce as decode_attention  # noqa: F401
 from c2jax.parallel import context as cp
 
 

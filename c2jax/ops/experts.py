@@ -119,14 +119,15 @@ def experts(kernels, x_BLD, ids_BLK, weights_BLK, w_gate, w_up, w_down, *, quant
     config's `kernels` section (its `experts` choice); capacity_factor None = dropless; stacked: the
     weights as a layer of the scanned model's stacks (read in place by the CPU kernel)."""
     B, L, D = x_BLD.shape
-    E, F = w_gate.shape[0], w_gate.shape[-1]
+    w_shape = getattr(w_gate, "values_GKN", w_gate).shape   # float, or pre-quantized QuantizedExperts
+    E, F = w_shape[0], w_shape[-1]
     K = ids_BLK.shape[-1]
     T = B * L
     plan = ep.ep_plan(B, L, E)
     cap = xla.capacity(T, K, E, capacity_factor)
     target = current_target()
     impl = EXPERTS.select(kernels_choice(kernels, "experts"), target, T=T, K=K, E=E, D=D, F=F, cap=cap,
-                          capacity=capacity_factor is not None, quant=quant, ep=plan is not None, x_dtype=x_BLD.dtype, w_dtype=w_gate.dtype)
+                          capacity=capacity_factor is not None, quant=quant, ep=plan is not None, x_dtype=x_BLD.dtype, w_dtype=getattr(w_gate, "dtype", None))
     ws = (w_gate, w_up, w_down)
     if plan is not None:
         local = lambda x_RD, eid_R, wg, wu, wd: ep.sorted_local_experts(  # noqa: E731
