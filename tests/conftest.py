@@ -21,3 +21,14 @@ def no_persistent_compilation_cache_after_module():
     if jax.config.jax_compilation_cache_dir is not None:
         jax.config.update("jax_compilation_cache_dir", None)
     compilation_cache.reset_cache()
+
+
+@pytest.fixture(scope="module")
+def no_persistent_cache():
+    """JAX's persistent compilation cache off for a module's compiles (TPU executables compiled
+    against a topology cannot be reloaded from it), restored after."""
+    import jax
+    old = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
+    yield
+    jax.config.update("jax_enable_compilation_cache", old)

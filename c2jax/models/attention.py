@@ -13,22 +13,13 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from c2jax.ops import attention as attention_ops
-from c2jax.models.layers import (Linear, LinearWeights, RMSNorm, apply_rope, dtype_of, fused_linears, rope_frequencies,
+from c2jax.ops.attention import write_cache
+from c2jax.models.layers import (Linear, LinearWeights, RMSNorm, apply_rope, dtype_of, fused_linears, kernels_of,
+                                 rope_frequencies,
                                  rope_tables, rotate, softmax_scale)
 from c2jax.ops.attention_xla import (DECODE_MAX_QUERIES, attention_mask, causal_block_attention,  # noqa: F401
                                      dot_product_attention, mla_absorbed_attention)
-from c2jax.ops.attention_xla import decode_attention_reduce as decode_attention  # noqa: F401
 from c2jax.parallel import context as cp
-
-
-def kernels_of(m):
-    """The model config's `kernels` section (None: every op "auto")."""
-    return getattr(m, "kernels", None)
-
-
-def write_cache(cache_BS_, new_BL_, positions_BL):
-    """Cache rows written at their positions (c2jax.ops.attention.write_cache)."""
-    return attention_ops.write_cache(cache_BS_, new_BL_, positions_BL)
 
 
 def _cp_prefill(L: int) -> bool:

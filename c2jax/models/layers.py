@@ -20,6 +20,11 @@ def dtype_of(name: str):
     return DTYPES[name]
 
 
+def kernels_of(m):
+    """Model config m's `kernels` section (c2jax.ops' choice per op; None: every op "auto")."""
+    return m.get("kernels") if hasattr(m, "get") else getattr(m, "kernels", None)
+
+
 class Linear(nn.Module):
     """y = x @ W (+ b) with W of shape (in, out) annotated with logical axis names."""
 

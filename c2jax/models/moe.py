@@ -13,13 +13,12 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from c2jax.models.layers import MLP, dtype_of
+from c2jax.models.layers import MLP, dtype_of, kernels_of
 from c2jax.ops import experts as experts_ops
 from c2jax.ops.experts_xla import (ShardedExperts, block_dispatch, capacity_dispatch,  # noqa: F401  (re-exported)
                                    ffn_column_split, gather_dispatch, grouped_dispatch, shard_experts, sort_assignments,
                                    split_experts, window_widths)
 
-split_dispatch = experts_ops.decode_layout_experts   # the decode layouts' dispatch (tests, sampler)
 
 
 # ----------------------------------------------------------------------------- routing
@@ -101,8 +100,7 @@ def capacity_factor_of(m) -> float | None:
 
 def make_dropless(m) -> None:
     """Set model config m (in place) so MoE dispatch never drops an assignment."""
-    if m.moe_dispatch != "dropless":
-        m.moe_dispatch = "dropless"
+    m.moe_dispatch = "dropless"
 
 
 def _expert_weight(mod, name, init, axes, shape, pdt, dt):
@@ -148,7 +146,7 @@ class MoE(nn.Module):
             y_TD, dropped = self._dispatch(x_TD, ids_TK, weights_TK, B, L, stacked)
         y_BLD = y_TD.reshape(B, L, D)
         if m.num_shared_experts:
-            y_BLD = y_BLD + MLP(F * m.num_shared_experts, dt, pdt, m.init_std, getattr(m, "kernels", None),
+            y_BLD = y_BLD + MLP(F * m.num_shared_experts, dt, pdt, m.init_std, kernels_of(m),
                                 name="shared")(x_BLD)
         load_E = jnp.bincount(ids_TK.reshape(-1), length=E).astype(jnp.float32)
         frac_E = load_E / (B * L * K)
@@ -178,7 +176,7 @@ class MoE(nn.Module):
         prequant = hasattr(w_gate, "values_GKN")
         if prequant and experts_ops.ep.ep_plan(B, L, E) is not None:
             raise NotImplementedError("pre-quantized expert weights under expert parallelism are not supported")
-        y_BLD, dropped = experts_ops.experts(getattr(m, "kernels", None), x_TD.reshape(B, L, D),
+        y_BLD, dropped = experts_ops.experts(kernels_of(m), x_TD.reshape(B, L, D),
                                              ids_TK.reshape(B, L, K), weights_TK.reshape(B, L, K), w_gate, w_up,
                                              w_down, quant=m.quant, capacity_factor=capacity_factor_of(m),
                                              stacked=stacked)

@@ -17,8 +17,8 @@ from c2jax.models.attention import GQAAttention, MLAAttention, init_layer_cache
 from c2jax.ops.stacked import LayerExperts
 from c2jax.ops.attention_xla import DECODE_MAX_QUERIES
 from c2jax.parallel import context as cpx
-from c2jax.models.layers import MLP, Linear, RMSNorm, dtype_of
-from c2jax.models.moe import MoE
+from c2jax.models.layers import MLP, Linear, RMSNorm, dtype_of, kernels_of
+from c2jax.models.moe import MoE, make_dropless
 from c2jax.parallel.embed import embed_lookup
 
 
@@ -57,14 +57,14 @@ class Block(nn.Module):
         m = self.cfg
         pdt = dtype_of(m.param_dtype)
         attn_cls = MLAAttention if m.attention == "mla" else GQAAttention
-        h = RMSNorm(m.rms_norm_eps, "embed", pdt, getattr(m, "kernels", None), name="attn_norm")(x_BLD)
+        h = RMSNorm(m.rms_norm_eps, "embed", pdt, kernels_of(m), name="attn_norm")(x_BLD)
         a, new_cache = attn_cls(m, span=self.span, name="attn")(h, positions_BL, segment_ids_BL, cache)
         x_BLD = nn.with_logical_constraint(x_BLD + a, ("batch", "length", "embed"))
-        h = RMSNorm(m.rms_norm_eps, "embed", pdt, getattr(m, "kernels", None), name="mlp_norm")(x_BLD)
+        h = RMSNorm(m.rms_norm_eps, "embed", pdt, kernels_of(m), name="mlp_norm")(x_BLD)
         if self.moe:
             y, aux = MoE(m, name="moe")(h, forced_ids_BLK, stacked)
         else:
-            y, aux = MLP(m.intermediate_size, dtype_of(m.dtype), pdt, m.init_std, getattr(m, "kernels", None), name="mlp")(h), {}
+            y, aux = MLP(m.intermediate_size, dtype_of(m.dtype), pdt, m.init_std, kernels_of(m), name="mlp")(h), {}
         x_BLD = nn.with_logical_constraint(x_BLD + y, ("batch", "length", "embed"))
         return x_BLD, aux, new_cache
 
@@ -107,9 +107,9 @@ class MTPHead(nn.Module):
     def __call__(self, h_BLD, next_emb_BLD, positions_BL, segment_ids_BL, cache=None):
         m = self.cfg
         pdt = dtype_of(m.param_dtype)
-        hn = RMSNorm(m.rms_norm_eps, "embed", pdt, getattr(m, "kernels", None), name="hnorm")(h_BLD)
-        en = RMSNorm(m.rms_norm_eps, "embed", pdt, getattr(m, "kernels", None), name="enorm")(next_emb_BLD)
-        x = Linear(m.hidden_size, (None, "embed"), dtype=dtype_of(m.dtype), param_dtype=pdt, kernels=getattr(m, "kernels", None),
+        hn = RMSNorm(m.rms_norm_eps, "embed", pdt, kernels_of(m), name="hnorm")(h_BLD)
+        en = RMSNorm(m.rms_norm_eps, "embed", pdt, kernels_of(m), name="enorm")(next_emb_BLD)
+        x = Linear(m.hidden_size, (None, "embed"), dtype=dtype_of(m.dtype), param_dtype=pdt, kernels=kernels_of(m),
                    init_std=m.init_std, name="eh_proj")(jnp.concatenate([en, hn], axis=-1))
         x, aux, new_cache = Block(m, self.moe, name="block")(x, positions_BL, segment_ids_BL, None, cache)
         return (x, aux, new_cache) if cache is not None else (x, aux)
@@ -130,12 +130,12 @@ class MTPStep(nn.Module):
         next_emb = embed_lookup(embed, ahead_BL, dt)
         h, _, new_cache = MTPHead(m, layer_counts(m)[1] > 0, name=f"mtp_{self.depth}")(
             h_BLD, next_emb, positions_BL, jnp.ones_like(ahead_BL), cache)
-        h_out = RMSNorm(m.rms_norm_eps, "embed", pdt, getattr(m, "kernels", None), name="final_norm")(h)
+        h_out = RMSNorm(m.rms_norm_eps, "embed", pdt, kernels_of(m), name="final_norm")(h)
         if m.tie_embeddings:
             logits = jnp.einsum("bld,vd->blv", h_out, embed.astype(dt), preferred_element_type=jnp.float32)
         else:
             logits = Linear(m.vocab_size, ("embed", "vocab"), dtype=dt, param_dtype=pdt, init_std=m.init_std,
-                            kernels=getattr(m, "kernels", None),
+                            kernels=kernels_of(m),
                             name="lm_head")(h_out)
         return logits.astype(jnp.float32), h, new_cache
 
@@ -172,11 +172,11 @@ class Transformer(nn.Module):
             aux.update(moe_aux)
         hidden_BLD = x
         self.sow("intermediates", "hidden", hidden_BLD)  # read by speculative decoding (MTP drafts)
-        final_norm = RMSNorm(m.rms_norm_eps, "embed", pdt, getattr(m, "kernels", None), name="final_norm")
+        final_norm = RMSNorm(m.rms_norm_eps, "embed", pdt, kernels_of(m), name="final_norm")
         if not head:
             return final_norm(hidden_BLD), aux, None
         head = None if m.tie_embeddings else Linear(m.vocab_size, ("embed", "vocab"), dtype=dt,
-                                                    kernels=getattr(m, "kernels", None),
+                                                    kernels=kernels_of(m),
                                                     param_dtype=pdt, init_std=m.init_std, name="lm_head")
 
         def logits_of(h_BLD):
@@ -262,7 +262,7 @@ def dropless(m):
     if getattr(m, "moe_dispatch", "dropless") == "dropless":
         return m
     m = ml_collections.ConfigDict(m.to_dict())
-    m.moe_dispatch = "dropless"
+    make_dropless(m)
     return m
 
 

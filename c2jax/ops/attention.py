@@ -16,9 +16,9 @@ from jax.sharding import PartitionSpec as P
 from c2jax.ops import attention_xla as xla
 from c2jax.ops.attention_xla import DECODE_MAX_QUERIES, attention_mask
 from c2jax.ops.registry import define_op, kernels_choice
-from c2jax.ops.target import Target, current_target
+from c2jax.ops.target import Target, current_target, one_cpu_device
 from c2jax.parallel import context as cp
-from c2jax.parallel.mesh import active_logical_axes, divisible_axes, spec_entry
+from c2jax.parallel.mesh import row_axes, spec_entry
 
 ATTENTION = define_op("attention", {
     "tpu": ("pallas_flash", "xla_blocked"),
@@ -47,12 +47,9 @@ def _flash_ok(target: Target, **spec):
 
 
 def _cpu_attention_ok(target: Target, **spec):
-    if target.platform != "cpu":
-        return f"an XLA:CPU FFI kernel (target is {target.platform})"
-    if target.devices > 1:
-        return "an FFI call has no sharding rule (a multi-device mesh is active)"
-    if spec["cp"]:
-        return _not_cp(spec)
+    why = one_cpu_device(target) or _not_cp(spec)
+    if why:
+        return why
     from c2jax.backends.cpu import attention as cpu_attention
     return cpu_attention.usable(spec["q"], spec["k"], spec["v"])
 
@@ -98,29 +95,30 @@ def attention(kernels, q_BLHP, k_BLGP, v_BLGO, positions_BL, segment_ids_BL, sca
     impl = ATTENTION.select(kernels_choice(kernels, "attention"), target, q=q_BLHP, k=k_BLGP, v=v_BLGO, cp=cp_on)
     if cp_on:
         return cp.gqa_context_attention(q_BLHP, k_BLGP, v_BLGO, positions_BL, segment_ids_BL, scale)
-    if impl.name.startswith("pallas") and target.devices > 1:
-        return _per_batch_shard(impl.fn, q_BLHP, k_BLGP, v_BLGO, positions_BL, segment_ids_BL, scale)
-    return impl.fn(q_BLHP, k_BLGP, v_BLGO, positions_BL, segment_ids_BL, scale)
+    return _run(impl, target, scale, q_BLHP, k_BLGP, v_BLGO, positions_BL, segment_ids_BL)
 
 
-def _per_batch_shard(fn, q, k, v, positions_BL, segment_ids_BL, scale):
-    """fn on each device's batch rows inside a shard_map (rows are independent)."""
-    b_axes = divisible_axes(q.shape[0], tuple(a for a in active_logical_axes("batch") if a != "context"))
-    spec4, spec2 = P(spec_entry(b_axes), None, None, None), P(spec_entry(b_axes), None)
-    body = lambda q, k, v, p, s: fn(q, k, v, p, s, scale)  # noqa: E731
-    return jax.shard_map(body, in_specs=(spec4, spec4, spec4, spec2, spec2), out_specs=spec4)(
-        q, k, v, positions_BL, segment_ids_BL)
+def _run(impl, target: Target, scale: float, *rows):
+    """impl.fn(*rows, scale); a Mosaic kernel over a multi-device mesh runs inside a shard_map over
+    the rows' batch axes (rows attend independently; GSPMD cannot partition a custom call)."""
+    if not (impl.name.startswith("pallas") and target.devices > 1):
+        return impl.fn(*rows, scale)
+    b_axes = spec_entry(row_axes(rows[0].shape[0]))
+    specs = tuple(P(b_axes, *([None] * (r.ndim - 1))) for r in rows)
+    return jax.shard_map(lambda *local: impl.fn(*local, scale), in_specs=specs, out_specs=specs[0])(*rows)
 
 
 # ----------------------------------------------------------------------------- decode
 
 
+def _one_query(target: Target, **spec):
+    return None if spec["L"] == 1 else f"one query per row (got {spec['L']})"
+
+
 def _decode_pallas_ok(target: Target, **spec):
-    if target.platform != "tpu" and not spec.get("interpret"):
+    if target.platform != "tpu":
         return f"a Mosaic kernel (target is {target.platform})"
-    if spec["L"] != 1:
-        return f"one query per row (got {spec['L']})"
-    return None
+    return _one_query(target, **spec)
 
 
 @DECODE_ATTENTION.register("xla", doc="masked batched matmuls over the cache")
@@ -150,7 +148,7 @@ def _decode_pallas(impl: str):
 
 DECODE_ATTENTION.register("pallas", _decode_pallas_ok, doc="Pallas Mosaic decode attention (one query per row)")(
     _decode_pallas("pallas"))
-DECODE_ATTENTION.register("pallas_interpret", lambda target, **spec: _decode_pallas_ok(target, interpret=True, **spec),
+DECODE_ATTENTION.register("pallas_interpret", _one_query,
                           doc="the decode kernel run by the Pallas interpreter (tests on CPU)")(
     _decode_pallas("interpret"))
 
@@ -163,14 +161,9 @@ def decode_attention(kernels, q_BLHP, k_BSGP, v_BSGO, positions_BL, scale: float
     """Queries at positions_BL attend cache slots [0, position] (slot index == position) -> [B, L, H, O]."""
     target = current_target()
     impl = DECODE_ATTENTION.select(kernels_choice(kernels, "decode_attention"), target, L=q_BLHP.shape[1])
-    if impl.name.startswith("pallas") and target.devices > 1:
-        b_axes = divisible_axes(q_BLHP.shape[0], tuple(a for a in active_logical_axes("batch") if a != "context"))
-        s4, s2 = P(spec_entry(b_axes), None, None, None), P(spec_entry(b_axes), None)
-        body = lambda q, k, v, p: impl.fn(q, k, v, p, scale)  # noqa: E731
-        return jax.shard_map(body, in_specs=(s4, s4, s4, s2), out_specs=s4)(q_BLHP, k_BSGP, v_BSGO, positions_BL)
-    return impl.fn(q_BLHP, k_BSGP, v_BSGO, positions_BL, scale)
+    return _run(impl, target, scale, q_BLHP, k_BSGP, v_BSGO, positions_BL)
 
 
 def write_cache(cache_BS_, new_BL_, positions_BL):
     """Write new entries into cache rows at their positions (out-of-range positions dropped)."""
-    return xla.write_cache(cache_BS_, new_BL_, positions_BL, current_target().platform)
+    return xla.write_cache(cache_BS_, new_BL_, positions_BL, per_entry=current_target().platform == "cpu")

@@ -133,12 +133,12 @@ def decode_attention_reduce(q_BLHP, k_BSGP, v_BSGO, mask_BLS, scale: float):
     return out.reshape(B, L, H, v_BSGO.shape[-1]).astype(q_BLHP.dtype)
 
 
-def write_cache(cache_BS_, new_BL_, positions_BL, platform: str = "tpu"):
+def write_cache(cache_BS_, new_BL_, positions_BL, per_entry: bool = False):
     """Write new entries into cache rows at their positions (out-of-range positions dropped).
-    Few tokens per row (decode steps) on CPU: one in-place dynamic_update_slice per entry; XLA CPU
-    runs the batched scatter out of place, copying the whole cache at every step."""
+    per_entry (for XLA:CPU, which runs the batched scatter out of place, copying the whole cache at
+    every step): few tokens per row (decode steps) as one in-place dynamic_update_slice each."""
     B, L = positions_BL.shape
-    if L <= DECODE_MAX_QUERIES and platform == "cpu":
+    if L <= DECODE_MAX_QUERIES and per_entry:
         return _write_cache_entries(cache_BS_, new_BL_, positions_BL)
 
     def one_row(c, n, p):

@@ -10,11 +10,9 @@ Letters: T tokens, D width, E experts, K experts per token, F expert width, B ba
 """
 from __future__ import annotations
 
-import jax.numpy as jnp
-
 from c2jax.ops import experts_xla as xla
 from c2jax.ops.registry import define_op, kernels_choice
-from c2jax.ops.target import Target, current_target
+from c2jax.ops.target import Target, current_target, one_cpu_device
 from c2jax.parallel import experts as ep
 
 EXPERTS = define_op("experts", {
@@ -27,13 +25,14 @@ EXPERTS = define_op("experts", {
     "gpu": ("xla_gather", "xla_capacity", "xla_grouped"),
 })
 
-GROUPED = ("pallas_gmm", "pallas_gmm_interpret", "xla_grouped")
+# grouped implementations -> pallas_kernels.gmm's impl (the one kind that runs under expert parallelism)
+GROUPED = {"pallas_gmm": "pallas", "pallas_gmm_interpret": "interpret", "xla_grouped": "xla"}
 
 
-def _spec_reason(spec, *, grouped: bool = False, quant_ok: bool = False, gather: bool = False):
+def _spec_reason(spec, *, grouped: bool = False):
     if spec["ep"] and not grouped:
         return "expert parallelism runs sorted grouped matmuls on each device's experts"
-    if spec["quant"] != "none" and not quant_ok:
+    if spec["quant"] != "none" and not grouped:
         return f"model.quant={spec['quant']!r} needs a grouped kernel with quantized operands"
     return None
 
@@ -41,7 +40,7 @@ def _spec_reason(spec, *, grouped: bool = False, quant_ok: bool = False, gather:
 def _pallas_ok(target: Target, **spec):
     if target.platform != "tpu":
         return f"Mosaic kernels run on TPU (target is {target.platform})"
-    return _spec_reason(spec, grouped=True, quant_ok=True)
+    return _spec_reason(spec, grouped=True)
 
 
 def _gather_ok(target: Target, **spec):
@@ -52,11 +51,7 @@ def _gather_ok(target: Target, **spec):
 
 
 def _cpu_ffi_ok(target: Target, **spec):
-    if target.platform != "cpu":
-        return f"an XLA:CPU FFI kernel (target is {target.platform})"
-    if target.devices > 1:
-        return "an FFI call has no sharding rule (a multi-device mesh is active)"
-    why = _spec_reason(spec)
+    why = one_cpu_device(target) or _spec_reason(spec)
     if why:
         return why
     from c2jax.backends.cpu import moe as cpu_moe
@@ -73,21 +68,17 @@ def _capacity_ok(target: Target, **spec):
     return _spec_reason(spec)
 
 
-@EXPERTS.register("pallas_gmm", _pallas_ok, "Mosaic grouped matmuls (gmm / tgmm), dropless")
-def _pallas_gmm(x_TD, ids_TK, weights_TK, ws, cap, quant, stacked):
-    return xla.grouped_dispatch(x_TD, ids_TK, weights_TK, *ws, quant, xla.grouped_matmul(quant, "pallas"))
+def _grouped(impl: str):
+    def run(x_TD, ids_TK, weights_TK, ws, cap, quant, stacked):
+        return xla.grouped_dispatch(x_TD, ids_TK, weights_TK, *ws, quant, xla.grouped_matmul(quant, impl))
+    return run
 
 
-@EXPERTS.register("pallas_gmm_interpret", lambda target, **spec: _spec_reason(spec, grouped=True, quant_ok=True),
-                  "the Mosaic grouped matmuls run by the Pallas interpreter (tests on CPU)")
-def _pallas_gmm_interpret(x_TD, ids_TK, weights_TK, ws, cap, quant, stacked):
-    return xla.grouped_dispatch(x_TD, ids_TK, weights_TK, *ws, quant, xla.grouped_matmul(quant, "interpret"))
-
-
-@EXPERTS.register("xla_grouped", lambda target, **spec: _spec_reason(spec, grouped=True, quant_ok=True),
-                  "sorted assignments through pallas_kernels' row-tiled XLA grouped matmul, dropless")
-def _xla_grouped(x_TD, ids_TK, weights_TK, ws, cap, quant, stacked):
-    return xla.grouped_dispatch(x_TD, ids_TK, weights_TK, *ws, quant, xla.grouped_matmul(quant, "xla"))
+EXPERTS.register("pallas_gmm", _pallas_ok, "Mosaic grouped matmuls (gmm / tgmm), dropless")(_grouped("pallas"))
+EXPERTS.register("pallas_gmm_interpret", lambda target, **spec: _spec_reason(spec, grouped=True),
+                 "the Mosaic grouped matmuls run by the Pallas interpreter (tests on CPU)")(_grouped("interpret"))
+EXPERTS.register("xla_grouped", lambda target, **spec: _spec_reason(spec, grouped=True),
+                 "sorted assignments through pallas_kernels' row-tiled XLA grouped matmul, dropless")(_grouped("xla"))
 
 
 @EXPERTS.register("xla_gather", _gather_ok, "each token reads its chosen experts' weights, dropless")
@@ -126,13 +117,13 @@ def experts(kernels, x_BLD, ids_BLK, weights_BLK, w_gate, w_up, w_down, *, quant
     plan = ep.ep_plan(B, L, E)
     cap = xla.capacity(T, K, E, capacity_factor)
     target = current_target()
-    impl = EXPERTS.select(kernels_choice(kernels, "experts"), target, T=T, K=K, E=E, D=D, F=F, cap=cap,
-                          capacity=capacity_factor is not None, quant=quant, ep=plan is not None, x_dtype=x_BLD.dtype, w_dtype=getattr(w_gate, "dtype", None))
+    impl = EXPERTS.select(kernels_choice(kernels, "experts"), target, T=T, K=K, E=E, D=D, F=F,
+                          capacity=capacity_factor is not None, quant=quant, ep=plan is not None,
+                          x_dtype=x_BLD.dtype, w_dtype=getattr(w_gate, "dtype", None))
     ws = (w_gate, w_up, w_down)
     if plan is not None:
-        local = lambda x_RD, eid_R, wg, wu, wd: ep.sorted_local_experts(  # noqa: E731
-            x_RD, eid_R, wg, wu, wd, _grouped_matmul_of(impl.name, quant))
-        return ep.expert_parallel_dispatch(x_BLD, ids_BLK, weights_BLK, *ws, quant, plan, local)
+        gmm = xla.grouped_matmul(quant, GROUPED[impl.name])
+        return ep.expert_parallel_dispatch(x_BLD, ids_BLK, weights_BLK, *ws, quant, plan, gmm)
     if impl.name.startswith("pallas") and target.devices > 1:
         def local_fn(x_TD, ids_TK, weights_TK, wg, wu, wd):
             return impl.fn(x_TD, ids_TK, weights_TK, (wg, wu, wd), cap, quant, None)
@@ -142,26 +133,10 @@ def experts(kernels, x_BLD, ids_BLK, weights_BLK, w_gate, w_up, w_down, *, quant
     return y_TD.reshape(B, L, D).astype(x_BLD.dtype), dropped
 
 
-def _grouped_matmul_of(name: str, quant: str):
-    impl = {"pallas_gmm": "pallas", "pallas_gmm_interpret": "interpret", "xla_grouped": "xla"}[name]
-    return xla.grouped_matmul(quant, impl)
-
-
-def experts_dropless_reference(x_TD, ids_TK, weights_TK, w_gate, w_up, w_down):
-    """float32 dense reference: every expert on every token, masked by the routing (tests)."""
-    f32 = jnp.float32
-    x = x_TD.astype(f32)
-    g = jnp.einsum("td,edf->etf", x, w_gate.astype(f32))
-    u = jnp.einsum("td,edf->etf", x, w_up.astype(f32))
-    y_ETD = jnp.einsum("etf,efd->etd", g * (1 / (1 + jnp.exp(-g))) * u, w_down.astype(f32))
-    onehot_TKE = (ids_TK[..., None] == jnp.arange(w_gate.shape[0])).astype(f32)
-    return jnp.einsum("tke,etd,tk->td", onehot_TKE, y_ETD, weights_TK.astype(f32))
-
-
 def decode_layout_experts(x_TD, ids_TK, weights_TK, experts):
     """Routed experts over the sampler's decode layout of one layer's experts (per-expert buffers,
     a ShardedExperts, or the CPU kernel's PackedExperts) -> (y_TD, 0.0): dropless."""
-    if type(experts).__name__ == "PackedExperts":
-        from c2jax.backends.cpu import kernels as cpu_kernels
+    from c2jax.backends.cpu import kernels as cpu_kernels
+    if isinstance(experts, cpu_kernels.PackedExperts):
         return xla.split_dispatch(x_TD, ids_TK, weights_TK, experts, packed_ffn=cpu_kernels.moe_ffn)
     return xla.split_dispatch(x_TD, ids_TK, weights_TK, experts)

@@ -17,7 +17,8 @@ import jax.numpy as jnp
 # ----------------------------------------------------------------------------- dispatch
 
 
-def _expert_ffn(x_MD, w_gate_EDF, w_up_EDF, w_down_EFD, group_sizes_E, gmm):
+def expert_ffn(x_MD, w_gate_EDF, w_up_EDF, w_down_EFD, group_sizes_E, gmm):
+    """SwiGLU of rows sorted by expert (group_sizes_E rows each) as grouped matmuls gmm(lhs, rhs, sizes)."""
     gate = gmm(x_MD, w_gate_EDF, group_sizes_E)
     up = gmm(x_MD, w_up_EDF, group_sizes_E)
     return gmm(nn.silu(gate) * up, w_down_EFD, group_sizes_E)
@@ -47,7 +48,7 @@ def grouped_dispatch(x_TD, ids_TK, weights_TK, w_gate, w_up, w_down, quant="none
     E = getattr(w_gate, "values_GKN", w_gate).shape[0]  # float or pre-quantized QuantizedExperts
     order_A, group_sizes_E = sort_assignments(ids_TK, E)
     x_AD = x_TD[order_A // K]
-    y_AD = _expert_ffn(x_AD, w_gate, w_up, w_down, group_sizes_E, gmm or grouped_matmul(quant, "xla"))
+    y_AD = expert_ffn(x_AD, w_gate, w_up, w_down, group_sizes_E, gmm or grouped_matmul(quant, "xla"))
     y_TKD = jnp.zeros_like(y_AD).at[order_A].set(y_AD).reshape(T, K, -1)
     out = jnp.einsum("tkd,tk->td", y_TKD.astype(jnp.float32), weights_TK.astype(jnp.float32))
     return out.astype(x_TD.dtype), jnp.zeros((), jnp.float32)

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from c2jax.ops.registry import define_op, kernels_choice
-from c2jax.ops.target import Target, current_target
+from c2jax.ops.target import Target, current_target, one_cpu_device
 
 # weights the sampler prepared for decode (c2jax.sampling: pre-quantized, or packed for the CPU
 # kernel) take the implementation that reads that layout
@@ -23,27 +23,17 @@ NORM = define_op("norm", {"cpu": ("cpu_ffi", "xla"), "*": ("xla",)})
 # ----------------------------------------------------------------------------- matmul
 
 
-def _layout(weights) -> str:
+def _layout(w) -> str:
     """"plain", "quantized" (pallas_kernels.QuantizedWeight) or "packed" (backends.cpu PackedMatrix)."""
-    kinds = {"quantized" if hasattr(w, "values_KN") else "plain" if hasattr(w, "ndim") else "packed"
-             for w, _ in weights}
-    if len(kinds) > 1:
-        raise ValueError(f"projections of one input must share a weight layout, got {sorted(kinds)}")
-    return kinds.pop()
+    return "quantized" if hasattr(w, "values_KN") else "plain" if hasattr(w, "ndim") else "packed"
 
 
 def _plain(target: Target, **spec):
     return None if spec.get("layout", "plain") == "plain" else f"weights are {spec['layout']} (a decode layout)"
 
 
-def _one_cpu_device(target: Target, **spec):
-    if spec.get("layout", "plain") != "plain":
-        return _plain(target, **spec)
-    if target.platform != "cpu":
-        return f"tuned for XLA:CPU (target is {target.platform})"
-    if target.devices > 1:
-        return "one device only (over a mesh the partitioner's layout is kept)"
-    return None
+def _plain_on_one_cpu(target: Target, **spec):
+    return _plain(target, **spec) or one_cpu_device(target)
 
 
 @MATMUL.register("cpu_packed", lambda target, **spec: None if spec["layout"] == "packed" else "weights are not packed",
@@ -74,7 +64,7 @@ def _matmul_xla(x, weights, dtype):
     return [_biased(jnp.einsum("...d,df->...f", x.astype(dtype), w.astype(dtype)), b, dtype) for w, b in weights]
 
 
-@MATMUL.register("xla_cpu", _one_cpu_device,
+@MATMUL.register("xla_cpu", _plain_on_one_cpu,
                  doc="several projections of one input as one product, with a written-out backward")
 def _matmul_cpu(x, weights, dtype):
     if len(weights) == 1:
@@ -93,7 +83,7 @@ def _biased(y, b, dtype):
 
 def matmuls(kernels, x, weights, dtype):
     """[x @ W_i (+ b_i)] in `dtype` for weights [(W_i [D, F_i], b_i or None)]."""
-    kinds = {_layout([wb]) for wb in weights}
+    kinds = {_layout(w) for w, _ in weights}
     if len(kinds) > 1:   # the sampler packed some of these projections only: one call each
         return [matmuls(kernels, x, [wb], dtype)[0] for wb in weights]
     impl = MATMUL.select(kernels_choice(kernels, "matmul"), current_target(), layout=kinds.pop())
@@ -127,7 +117,7 @@ cpu_product.defvjp(_cpu_product_fwd, _cpu_product_bwd)
 
 
 def _cpu_norm_ok(target: Target, **spec):
-    why = _one_cpu_device(target)
+    why = one_cpu_device(target)
     if why:
         return why
     from c2jax.backends.cpu import norm as cpu_norm

@@ -24,10 +24,11 @@ import jax.numpy as jnp
 import optax
 
 from c2jax.backends.cpu import adamw as cpu_adamw
-from c2jax.ops.registry import Impl, KernelUnavailable, define_op, record_choices
-from c2jax.ops.target import Target, current_target
+from c2jax.ops.registry import Impl, KernelUnavailable, define_op
+from c2jax.ops.target import Target, current_target, one_cpu_device
 
-OPTIMIZER = define_op("optimizer", {"cpu": ("cpu_fused_adamw", "optax_adamw"), "*": ("optax_adamw",)})
+OPTIMIZER = define_op("optimizer", {"cpu": ("cpu_fused_adamw", "optax_adamw"), "*": ("optax_adamw",)},
+                      field="train.optimizer")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,13 +68,13 @@ class TrainOptimizer(optax.GradientTransformationExtraArgs):
         """Raise KernelUnavailable when `impl` cannot step `params` on the target being traced; else
         record the choice (c2jax.ops.record_choices)."""
         target = current_target()
-        why = OPTIMIZER.why_not(self.impl, target, params=params)
-        if why:
+        try:
+            OPTIMIZER.select(self.impl, target, params=params)
+        except KernelUnavailable as e:
             raise KernelUnavailable(
-                f"the optimizer is {self.impl!r} (train.optimizer, chosen for {self.target}) but cannot step the "
-                f"program traced here ({target}): {why}; make the optimizer for the step's mesh and params, "
-                f"make_optimizer(cfg.train, target_of_mesh(mesh), params), or set train.optimizer='optax_adamw'")
-        OPTIMIZER.select(self.impl, target, params=params)
+                f"the optimizer was chosen for {self.target}, not the program traced here: {e}; make the "
+                f"optimizer for the step's mesh and params, make_optimizer(cfg.train, target_of_mesh(mesh), params)"
+            ) from None
 
 
 class FusedAdamW(TrainOptimizer):
@@ -92,15 +93,10 @@ class FusedAdamW(TrainOptimizer):
         return cpu_adamw.apply(self.adamw, params, opt_state, grads, finite, grad_norm, unrolled)
 
 
-def _optax_ok(target: Target, **spec) -> str | None:
-    return None
-
-
 def _fused_ok(target: Target, params=None, **spec) -> str | None:
-    if target.platform != "cpu":
-        return f"an XLA:CPU FFI kernel (target is {target.platform})"
-    if target.devices > 1:
-        return "one device only: an FFI call has no sharding rule (a multi-device mesh is active)"
+    why = one_cpu_device(target)
+    if why:
+        return why
     if params is not None:
         other = sorted({str(x.dtype) for x in jax.tree.leaves(params) if x.dtype != jnp.float32})
         if other:
@@ -114,7 +110,7 @@ def _finish(out: TrainOptimizer, name: str, a: AdamW, target: Target) -> TrainOp
     return out
 
 
-@OPTIMIZER.register("optax_adamw", _optax_ok, doc="optax's clip -> adamw chain (three fusions per leaf on XLA:CPU)")
+@OPTIMIZER.register("optax_adamw", doc="optax's clip -> adamw chain (three fusions per leaf on XLA:CPU)")
 def _make_optax(a: AdamW, target: Target) -> TrainOptimizer:
     tx = optax_adamw(a)
 
@@ -142,17 +138,9 @@ def _make_fused(a: AdamW, target: Target) -> TrainOptimizer:
 
 def choose(choice: str, target: Target, params=None) -> Impl:
     """The implementation `choice` ("auto" or a name) names for `target` (and `params`' dtypes,
-    when given), without recording it; a pinned name that cannot run raises KernelUnavailable."""
-    if choice != "auto":
-        if choice not in OPTIMIZER.impls:
-            raise KernelUnavailable(f"train.optimizer={choice!r} is not an optimizer; choose 'auto' or one of "
-                                    f"{sorted(OPTIMIZER.impls)}")
-        why = OPTIMIZER.why_not(choice, target, params=params)
-        if why:
-            raise KernelUnavailable(f"train.optimizer={choice!r} cannot run here ({target}): {why}; "
-                                    f"set train.optimizer='auto' or 'optax_adamw'")
-    with record_choices():   # recorded where a step is traced (TrainOptimizer.check), not here
-        return OPTIMIZER.select(choice, target, params=params)
+    when given), not recorded (a step records it where it is traced: TrainOptimizer.check); a
+    pinned name that cannot run raises KernelUnavailable."""
+    return OPTIMIZER.select(choice, target, record=False, params=params)
 
 
 def make(choice: str, a: AdamW, target: Target | None = None, params=None) -> TrainOptimizer:

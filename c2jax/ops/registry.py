@@ -33,8 +33,8 @@ class Impl:
 class Op:
     """A registry of implementations of one op, with its auto order per platform."""
 
-    def __init__(self, name: str, auto: dict[str, tuple[str, ...]]):
-        self.name, self.auto, self.impls = name, auto, {}
+    def __init__(self, name: str, auto: dict[str, tuple[str, ...]], field: str):
+        self.name, self.auto, self.field, self.impls = name, auto, field, {}
 
     def register(self, name: str, supported: Callable[..., str | None] | None = None, doc: str = ""):
         """Decorator: register `fn` under `name` (supported=None: runs everywhere)."""
@@ -49,24 +49,26 @@ class Op:
         """The registered implementation names."""
         return tuple(self.impls)
 
-    def select(self, choice: str, target: Target, **spec) -> Impl:
-        """The implementation for `choice` ("auto" or a name) on `target` for operands `spec`."""
+    def select(self, choice: str, target: Target, *, record: bool = True, **spec) -> Impl:
+        """The implementation for `choice` ("auto" or a name) on `target` for operands `spec`;
+        recorded (record_choices) unless record=False."""
+        done = (lambda impl: _record(self.name, impl)) if record else (lambda impl: impl)
         if choice != "auto":
             impl = self.impls.get(choice)
             if impl is None:
-                raise KernelUnavailable(f"model.kernels.{self.name}={choice!r} is not an implementation of "
+                raise KernelUnavailable(f"{self.field}={choice!r} is not an implementation of "
                                         f"{self.name}; choose 'auto' or one of {sorted(self.impls)}")
             why = impl.supported(target, **spec)
             if why:
-                raise KernelUnavailable(f"model.kernels.{self.name}={choice!r} cannot run here ({target}): {why}; "
-                                        f"set model.kernels.{self.name}='auto' or another of {sorted(self.impls)}")
-            return _record(self.name, impl)
+                raise KernelUnavailable(f"{self.field}={choice!r} cannot run here ({target}): {why}; "
+                                        f"set {self.field}='auto' or another of {sorted(self.impls)}")
+            return done(impl)
         reasons = []
         for name in self.auto.get(target.platform, ()) + self.auto.get("*", ()):
             impl = self.impls[name]
             why = impl.supported(target, **spec)
             if why is None:
-                return _record(self.name, impl)
+                return done(impl)
             reasons.append(f"{name}: {why}")
         raise KernelUnavailable(f"no implementation of {self.name} runs here ({target}): " + "; ".join(reasons))
 
@@ -78,11 +80,12 @@ class Op:
 OPS: dict[str, Op] = {}
 
 
-def define_op(name: str, auto: dict[str, tuple[str, ...]]) -> Op:
-    """Create the registry of op `name` with its auto order ({platform or "*": names})."""
+def define_op(name: str, auto: dict[str, tuple[str, ...]], field: str | None = None) -> Op:
+    """Create the registry of op `name` with its auto order ({platform or "*": names}); `field`:
+    the config field that chooses it (default model.kernels.<name>), named in errors."""
     if name in OPS:
         raise ValueError(f"op {name!r} is defined twice")
-    OPS[name] = Op(name, auto)
+    OPS[name] = Op(name, auto, field or f"model.kernels.{name}")
     return OPS[name]
 
 

@@ -31,6 +31,17 @@ class Target:
         return f"{self.platform}" + (f" mesh {mesh}" if mesh else ", one device")
 
 
+def one_cpu_device(target: Target) -> str | None:
+    """Why a CPU-only implementation (an XLA:CPU FFI kernel, or XLA code tuned for one CPU
+    device) cannot run on `target`; None on one CPU device. Over a mesh the XLA paths keep the
+    partitioner's layout (an FFI call has no sharding rule)."""
+    if target.platform != "cpu":
+        return f"CPU only (target is {target.platform})"
+    if target.devices > 1:
+        return "one device only (a multi-device mesh is active)"
+    return None
+
+
 def _platform_of(device) -> str:
     p = getattr(device, "platform", None) or "cpu"
     return "gpu" if p in ("cuda", "rocm", "gpu") else p

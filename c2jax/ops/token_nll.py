@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from c2jax.ops.registry import Impl, define_op, kernels_choice
-from c2jax.ops.target import Target, current_target
+from c2jax.ops.target import Target, current_target, one_cpu_device
 
 TOKEN_NLL = define_op("token_nll", {"cpu": ("cpu_ffi", "xla"), "*": ("xla",)})
 
@@ -45,10 +45,9 @@ def xla_backward(logits_TV, lse_T, targets_T, g_nll_T, g_lse_T, scale: float = 1
 
 
 def _cpu_ffi_ok(target: Target, V: int, **spec) -> str | None:
-    if target.platform != "cpu":
-        return f"an XLA:CPU FFI kernel (target is {target.platform})"
-    if target.devices > 1:
-        return "one device only: an FFI call has no sharding rule (a multi-device mesh is active)"
+    why = one_cpu_device(target)
+    if why:
+        return why
     from c2jax.backends.cpu import loss as cpu_loss
     return cpu_loss.usable(V)
 

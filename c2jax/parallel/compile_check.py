@@ -178,7 +178,7 @@ def _decode_cfg(cfg, shape, batch: int):
 
 def compile_decode_step(cfg, devices, batch: int, cache_len: int):
     """Lower one sampler decode step (one token per row, full cache, bf16 weights); returns
-    (Lowered, decode mesh)."""
+    (Lowered, decode mesh, {op: {implementation: call sites}} traced)."""
     from c2jax.models import abstract_params, forward_with_cache, init_cache
     from c2jax.parallel.mesh import (
         activate,
@@ -211,8 +211,7 @@ def compile_decode_step(cfg, devices, batch: int, cache_len: int):
                                                                 jax.tree.map(lambda c: c.sharding, cache)))
         with record_choices() as kernels:
             lowered = fn.lower(params, cache, tokens, tokens)
-        lowered.kernels = kernels
-        return lowered, mesh
+        return lowered, mesh, kernels
 
 
 def main(cfg, topology: str | None = None) -> dict:
@@ -269,11 +268,11 @@ def _main(cfg, topology: str | None) -> dict:
         batch = pod.decode_batch or len(devices)
         dcfg = _decode_cfg(cfg, pod.decode_mesh_shape, batch)
         t0 = time.time()
-        lowered, dmesh = compile_decode_step(dcfg, devices, batch, pod.decode_len)
+        lowered, dmesh, kernels = compile_decode_step(dcfg, devices, batch, pod.decode_len)
         mosaic = lowered.as_text().count("tpu_custom_call")
         compiled, dec = _compile(lowered)
         dec = dec or _memory(compiled)
-        dec.update(kernels=lowered.kernels, mosaic_calls=mosaic)
+        dec.update(kernels=kernels, mosaic_calls=mosaic)
         dflops = _flops(compiled) if compiled is not None else float("nan")
         # one token per row: 2N + attention over a full cache (flops_per_token halves seq_len for causality)
         dec_flops = flops_per_token(cfg, 2 * pod.decode_len, training=False) * batch

@@ -37,8 +37,8 @@ from c2jax.parallel.mesh import (
     active_axis_sizes,
     active_logical_axes,
     axes_size,
-    divisible_axes,
     parallel_setting,
+    row_axes,
     spec_entry,
 )
 
@@ -96,8 +96,7 @@ def _token_specs(batch: int, length: int):
     if length % context_size():
         raise ConfigError(f"sequence length {length} is not divisible by the context axis "
                           f"{context_size()}; change the sequence length or mesh.shape")
-    b_axes = tuple(a for a in active_logical_axes("batch") if a != CONTEXT)
-    return divisible_axes(batch, b_axes), (CONTEXT,)
+    return row_axes(batch), (CONTEXT,)
 
 
 def _spec(b_axes, l_axes, trailing: int):

@@ -37,8 +37,10 @@ from c2jax.parallel.mesh import (
     axes_size,
     divisible_axes,
     parallel_setting,
+    row_axes,
     spec_entry,
 )
+from c2jax.ops.experts_xla import expert_ffn
 
 
 def ep_axes() -> tuple:
@@ -76,16 +78,13 @@ def _quantized_all_to_all(x_RD, axes, quant: str, out_dtype):
     return send(x_RD)
 
 
-def sorted_local_experts(x_RD, eid_R, w_gate, w_up, w_down, gmm):
-    """Rows with local expert id eid (== E_local for padding) through their expert's SwiGLU, as
-    grouped matmuls `gmm(lhs, rhs, group_sizes)` over the rows sorted by expert."""
-    import flax.linen as nn
+def _local_experts(x_RD, eid_R, w_gate, w_up, w_down, gmm):
+    """Rows with local expert id eid (== E_local for padding) through their expert, sorted by expert
+    for the grouped matmuls `gmm`."""
     e_local = w_gate.shape[0]
     order = jnp.argsort(eid_R, stable=True)
     sizes = jnp.bincount(eid_R, length=e_local + 1)[:e_local].astype(jnp.int32)
-    x_sorted = x_RD[order]
-    h = nn.silu(gmm(x_sorted, w_gate, sizes)) * gmm(x_sorted, w_up, sizes)
-    y_sorted = gmm(h, w_down, sizes)
+    y_sorted = expert_ffn(x_RD[order], w_gate, w_up, w_down, sizes, gmm)
     y = jnp.zeros_like(y_sorted).at[order].set(y_sorted)
     return jnp.where((eid_R < e_local)[:, None], y, 0)
 
@@ -102,7 +101,7 @@ def ep_plan(batch: int, length: int, num_experts: int):
     if num_experts % W:
         raise ConfigError(f"model.num_experts={num_experts} is not divisible by the expert-parallel group "
                           f"{axes} of size {W}; change mesh.shape or the 'experts' rule in mesh.rules")
-    b_axes = divisible_axes(batch, tuple(a for a in active_logical_axes("batch") if a != "context"))
+    b_axes = row_axes(batch)
     l_axes = divisible_axes(length, active_logical_axes("length"))
     missing = [a for a in axes if a not in b_axes + l_axes]
     if missing:
@@ -119,10 +118,10 @@ _WARNED: set = set()
 _log = logging.getLogger(__name__)
 
 
-def expert_parallel_dispatch(x_BLD, ids_BLK, weights_BLK, w_gate, w_up, w_down, quant, plan, local_experts):
+def expert_parallel_dispatch(x_BLD, ids_BLK, weights_BLK, w_gate, w_up, w_down, quant, plan, gmm):
     """EP MoE dispatch + expert compute + combine. Returns (y_BLD in x's dtype, dropped fraction).
-    `plan` from ep_plan; local_experts(x_RD, eid_R, wg, wu, wd) -> y_RD runs each device's experts
-    (sorted_local_experts with the chosen grouped kernel)."""
+    `plan` from ep_plan; gmm(lhs, rhs, group_sizes): the grouped matmul each device runs its
+    experts with (the kernel c2jax.ops.experts chose)."""
     B, L, D = x_BLD.shape
     E, K = w_gate.shape[0], ids_BLK.shape[-1]
     if plan is None:
@@ -152,7 +151,7 @@ def expert_parallel_dispatch(x_BLD, ids_BLK, weights_BLK, w_gate, w_up, w_down, 
         send_e = jnp.full((W * cap + 1,), e_local, jnp.int32).at[slot].set(flat % e_local)[: W * cap]
         recv_x = _quantized_all_to_all(send_x, axes, quant, dt)
         recv_e = jax.lax.all_to_all(send_e, axes, 0, 0, tiled=True)
-        y_R = local_experts(recv_x, recv_e, wg, wu, wd).astype(dt)   # combine dtype
+        y_R = _local_experts(recv_x, recv_e, wg, wu, wd, gmm).astype(dt)   # combine dtype
         back = jax.lax.all_to_all(y_R, axes, 0, 0, tiled=True)
         back = jnp.concatenate([back, jnp.zeros((1, D), dt)])
         y_AD = back[slot] * keep[:, None].astype(dt)
@@ -174,45 +173,41 @@ def expert_parallel_dispatch(x_BLD, ids_BLK, weights_BLK, w_gate, w_up, w_down, 
         varying = tuple(dict.fromkeys(b_axes + l_axes + axes))  # dropped varies over the token axes
         return y.reshape(b, l, D), jax.lax.pmean(dropped, varying)
 
-    tok = P(spec_entry(b_axes), spec_entry(l_axes), None)
-    fs = _weight_fsdp_axes(axes, w_gate.shape[1:])                # (expert_embed axes, expert_mlp axes)
-    in_spec = P(spec_entry(axes), spec_entry(fs[0]), spec_entry(fs[1]))
-    out_spec = P(spec_entry(axes), spec_entry(fs[1]), spec_entry(fs[0]))
-
-    def fsdp_body(x, ids, wts, wg, wu, wd):
-        # FSDP inside the shard_map: gather the local experts' weights here, so the backward
-        # reduce-scatters their gradients (f32 [E/W, D, F] per chip, not replicated over fsdp)
-        wg, wu = (_gather_dims(w, fs[0], fs[1]) for w in (wg, wu))
-        return body(x, ids, wts, wg, wu, _gather_dims(wd, fs[1], fs[0]))
-
-    fn = jax.shard_map(fsdp_body, in_specs=(tok, tok, tok, in_spec, in_spec, out_spec), out_specs=(tok, P()))
-    return fn(x_BLD, ids_BLK, weights_BLK, w_gate, w_up, w_down)
+    return _over_token_shards(body, x_BLD, ids_BLK, weights_BLK, w_gate, w_up, w_down, axes, b_axes, l_axes)
 
 
 def token_parallel_dispatch(x_BLD, ids_BLK, weights_BLK, w_gate, w_up, w_down, local_fn):
-    """Experts computed where the tokens are, without expert parallelism: a shard_map over the
-    token axes (batch, length) in which each device all-gathers the expert weights' FSDP shards
-    and runs local_fn(x_TD, ids_TK, weights_TK, wg, wu, wd) -> (y_TD, dropped) on its tokens (a
-    Mosaic kernel cannot be partitioned by GSPMD). Gradients of the weights leave reduce-scattered."""
+    """Experts computed where the tokens are, without expert parallelism: each device runs
+    local_fn(x_TD, ids_TK, weights_TK, wg, wu, wd) -> (y_TD, dropped) on its tokens with every
+    expert's weights (a Mosaic kernel cannot be partitioned by GSPMD)."""
     B, L, D = x_BLD.shape
     K = ids_BLK.shape[-1]
-    b_axes = divisible_axes(B, tuple(a for a in active_logical_axes("batch") if a != "context"))
-    l_axes = divisible_axes(L, active_logical_axes("length"))
-    tok = P(spec_entry(b_axes), spec_entry(l_axes), None)
-    fs = _weight_fsdp_axes((), w_gate.shape[1:])
-    in_spec = P(None, spec_entry(fs[0]), spec_entry(fs[1]))
-    out_spec = P(None, spec_entry(fs[1]), spec_entry(fs[0]))
+    b_axes, l_axes = row_axes(B), divisible_axes(L, active_logical_axes("length"))
     token_axes = tuple(dict.fromkeys(b_axes + l_axes))
 
     def body(x, ids, wts, wg, wu, wd):
-        wg, wu = (_gather_dims(w, fs[0], fs[1]) for w in (wg, wu))
-        wd = _gather_dims(wd, fs[1], fs[0])
         b, l, _ = x.shape
         y, dropped = local_fn(x.reshape(b * l, D), ids.reshape(b * l, K), wts.reshape(b * l, K), wg, wu, wd)
         dropped = jax.lax.pmean(dropped, token_axes) if token_axes else dropped
         return y.reshape(b, l, D).astype(x.dtype), dropped
 
-    fn = jax.shard_map(body, in_specs=(tok, tok, tok, in_spec, in_spec, out_spec), out_specs=(tok, P()))
+    return _over_token_shards(body, x_BLD, ids_BLK, weights_BLK, w_gate, w_up, w_down, (), b_axes, l_axes)
+
+
+def _over_token_shards(body, x_BLD, ids_BLK, weights_BLK, w_gate, w_up, w_down, expert_axes, b_axes, l_axes):
+    """shard_map of body(x, ids, wts, wg, wu, wd) -> (y, dropped) over the token axes, the expert
+    weights split over `expert_axes` and their FSDP shards all-gathered inside: the backward then
+    reduce-scatters their gradients (f32 [E/W, D, F] per chip, not replicated over fsdp)."""
+    tok = P(spec_entry(b_axes), spec_entry(l_axes), None)
+    fs = _weight_fsdp_axes(expert_axes, w_gate.shape[1:])           # (expert_embed axes, expert_mlp axes)
+    in_spec = P(spec_entry(expert_axes), spec_entry(fs[0]), spec_entry(fs[1]))
+    out_spec = P(spec_entry(expert_axes), spec_entry(fs[1]), spec_entry(fs[0]))
+
+    def fsdp_body(x, ids, wts, wg, wu, wd):
+        wg, wu = (_gather_dims(w, fs[0], fs[1]) for w in (wg, wu))
+        return body(x, ids, wts, wg, wu, _gather_dims(wd, fs[1], fs[0]))
+
+    fn = jax.shard_map(fsdp_body, in_specs=(tok, tok, tok, in_spec, in_spec, out_spec), out_specs=(tok, P()))
     return fn(x_BLD, ids_BLK, weights_BLK, w_gate, w_up, w_down)
 
 

@@ -166,6 +166,12 @@ def divisible_axes(dim: int, axes) -> tuple:
     return tuple(out)
 
 
+def row_axes(batch: int) -> tuple:
+    """Mesh axes that shard `batch` rows of [batch, length, ...] activations under the active rules:
+    the longest prefix of the `batch` axes (less `context`, which shards the length) dividing it."""
+    return divisible_axes(batch, tuple(a for a in active_logical_axes("batch") if a != "context"))
+
+
 def spec_entry(axes):
     """PartitionSpec entry for a tuple of mesh axes."""
     return None if not axes else (axes[0] if len(axes) == 1 else tuple(axes))

@@ -5,12 +5,12 @@ Why: XLA CPU copies any slice of an array before a matmul reads it. The model's 
 stack slices each layer out of stacked [Y, ...] params, so every decode step copied all the
 weights (all experts of every layer, ~3x the bytes a step must read), and the capacity /
 gather dispatches copied the chosen experts again. Here nothing is sliced: each matmul reads
-its weight in place, and the MoE runs only the experts some row chose (moe.split_dispatch).
+its weight in place, and the MoE runs only the experts some row chose (c2jax.ops.experts.decode_layout_experts).
 The KV cache is kept per layer (split_cache; the Sampler holds it so between chunks), so each
 step updates it in place instead of re-stacking it; stack_layers is the inverse.
 
 Same math as c2jax.models.forward_with_cache: each layer is the model's own Block applied to that
-layer's params, its MoE dispatching over the stored per-expert buffers (moe.split_dispatch);
+layer's params, its MoE dispatching over the stored per-expert buffers (c2jax.ops.experts.decode_layout_experts);
 prefill keeps the model's own forward. Not for quantized weights (the sampler falls back to the model's step).
 
 On CPU in float32 the MoE of each layer and the output head are FFI calls (c2jax.backends.cpu.kernels)

@@ -14,6 +14,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from c2jax.models import forward, head_weight, update_router_bias
+from c2jax.models.layers import kernels_of
 from c2jax.models.transformer import model_cfg, unrolled_stacks
 from c2jax.ops import token_nll as token_nll_op
 from c2jax.train.head_loss import head_token_nll
@@ -61,7 +62,7 @@ def forward_nll(cfg, params, batch, forced_expert_ids=None, *, scale: float = 1.
     B, L, D = out.logits.shape
     w, tied = head_weight(cfg, params)
     nll_T, lse_T = head_token_nll(out.logits.reshape(B * L, D), w, batch["targets"].reshape(B * L),
-                                  scale=scale, tied=tied, kernels=model_cfg(cfg).get("kernels"))
+                                  scale=scale, tied=tied, kernels=kernels_of(model_cfg(cfg)))
     return nll_T.reshape(B, L), lse_T.reshape(B, L), out
 
 

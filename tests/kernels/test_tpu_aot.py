@@ -24,13 +24,7 @@ HBM_CAPACITY = {"v5p": 95 * 2**30, "v6e": 32 * 2**30}
 TOPOLOGY = {"v5p": "v5p:2x2x1", "v6e": "v6e:2x2"}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _no_persistent_cache():
-    """TPU executables compiled against a topology cannot be reloaded from the persistent cache."""
-    old = jax.config.jax_enable_compilation_cache
-    jax.config.update("jax_enable_compilation_cache", False)
-    yield
-    jax.config.update("jax_enable_compilation_cache", old)
+pytestmark = pytest.mark.usefixtures("no_persistent_cache")
 
 
 def _device(chip):

@@ -21,13 +21,7 @@ AXES = ("data", "fsdp", "context", "expert")
 TOKENS = P(AXES)  # rows of the MoE token buffer: every axis (each shard holds its own groups)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _no_persistent_cache():
-    """TPU executables compiled against a topology cannot be reloaded from the persistent cache."""
-    old = jax.config.jax_enable_compilation_cache
-    jax.config.update("jax_enable_compilation_cache", False)
-    yield
-    jax.config.update("jax_enable_compilation_cache", old)
+pytestmark = pytest.mark.usefixtures("no_persistent_cache")
 
 
 @pytest.fixture(scope="module")

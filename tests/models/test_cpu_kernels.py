@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from c2jax.ops.experts import decode_layout_experts
 from c2jax.models import moe as moe_lib
 from c2jax.backends.cpu import kernels as cpu_kernels
 
@@ -50,10 +51,10 @@ def test_moe_ffn_equals_float64_reference_and_split_dispatch(T, E, K, D, F, skew
         ids = np.stack([rng.choice(E, K, replace=False) for _ in range(T)])
     ids = jnp.asarray(ids, jnp.int32)
     wts = jnp.asarray(rng.random((T, K)), jnp.float32)
-    got = jax.jit(moe_lib.split_dispatch)(x, ids, wts, jax.jit(cpu_kernels.pack_experts)(*ws))[0]
+    got = jax.jit(decode_layout_experts)(x, ids, wts, jax.jit(cpu_kernels.pack_experts)(*ws))[0]
     want = _reference(x, ids, wts, *ws)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
-    xla = jax.jit(moe_lib.split_dispatch)(x, ids, wts, moe_lib.split_experts(*ws))[0]
+    xla = jax.jit(decode_layout_experts)(x, ids, wts, moe_lib.split_experts(*ws))[0]
     np.testing.assert_allclose(got, xla, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 

@@ -11,7 +11,6 @@ import pytest
 import c2jax
 from c2jax.config import ConfigError, default_config
 from c2jax.ops import attention_xla as attention_lib
-from c2jax.backends.cpu import attention as cpu_attention
 from c2jax.models import param_shardings
 from c2jax.parallel import activate, make_mesh
 from c2jax.parallel.context import zigzag_order, zigzag_permute, zigzag_unpermute
@@ -134,6 +133,8 @@ def _attention_temp_bytes(attention, cp, cp_impl):
     from c2jax.models.attention import GQAAttention, MLAAttention
     cfg = _cfg(attention, (1, 1, cp, 1), cp_impl)
     cfg.model.num_heads, cfg.model.num_kv_heads = 4, 4
+    # XLA's block attention, the reference here (the CPU kernel keeps O(L) memory at CP = 1)
+    cfg.model.kernels.attention = "xla_blocked"
     Lm = 256
     module = (MLAAttention if attention == "mla" else GQAAttention)(cfg.model)
     x = jnp.zeros((1, Lm, cfg.model.hidden_size))
@@ -158,8 +159,6 @@ def test_attention_activation_memory_falls_with_cp(attention, cp_impl, monkeypat
     # full L x L scores that the CP kernels split into full-row chunks: the point to fall from
     # (its default blocks, keys up to each block only, need less than CP = 2 at this length)
     monkeypatch.setattr(attention_lib, "causal_block_size", lambda L: L)
-    # ... through XLA: the CPU flash kernel (c2jax.backends.cpu.attention) keeps O(L) there
-    monkeypatch.setattr(cpu_attention, "usable", lambda *a: "XLA's block attention is the reference here")
     m1 = _attention_temp_bytes(attention, 1, cp_impl)
     # roughly 1/CP between CP ranks: allow 30% slack for the gathered latents / K, V blocks and
     # small buffers

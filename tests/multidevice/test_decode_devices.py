@@ -10,6 +10,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import c2jax
+from c2jax.ops.experts import decode_layout_experts
 from c2jax.config import load_config
 from c2jax.models import moe as moe_lib
 from c2jax.backends.cpu import kernels as cpu_kernels
@@ -35,7 +36,7 @@ def _routed_inputs(rng, T, D, F, E, skew, K=2):
 def test_sharded_split_dispatch_equals_one_device(n, T, skew, split):
     D, F, E = 16, 24, 8
     x, ids, wts, ws = _routed_inputs(np.random.default_rng(10 * n + T), T, D, F, E, skew)
-    want, _ = jax.jit(moe_lib.split_dispatch)(x, ids, wts, moe_lib.split_experts(*ws))
+    want, _ = jax.jit(decode_layout_experts)(x, ids, wts, moe_lib.split_experts(*ws))
     mesh = unrolled.decode_mesh(n)
     sharded = jax.device_put(moe_lib.shard_experts(*ws, mesh, split), NamedSharding(mesh, P("decode")))
     assert sharded.split == split
@@ -44,7 +45,7 @@ def test_sharded_split_dispatch_equals_one_device(n, T, skew, split):
         f = F // n
         np.testing.assert_array_equal(sharded.slots[3][0][1], np.concatenate([ws[0][3][:, f:2 * f], ws[1][3][:, f:2 * f]], 1))
         np.testing.assert_array_equal(sharded.slots[3][1][1], ws[2][3][f:2 * f])
-    got, dropped = jax.jit(moe_lib.split_dispatch)(x, ids, wts, sharded)
+    got, dropped = jax.jit(decode_layout_experts)(x, ids, wts, sharded)
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
     np.testing.assert_allclose(got, moe_lib.grouped_dispatch(x, ids, wts, *ws)[0], atol=2e-5, rtol=1e-5)
     assert float(dropped) == 0.0
@@ -56,13 +57,13 @@ def test_packed_experts_over_devices_equal_one_device(n, T, skew):
     """The CPU kernel with each device holding 1/n of every expert's hidden columns (then a psum)
     equals the kernel on one device and the XLA dispatch."""
     x, ids, wts, ws = _routed_inputs(np.random.default_rng(100 * n + T), T, 32, 128, 8, skew)  # skew, 11 rows: 2 row blocks
-    one = jax.jit(moe_lib.split_dispatch)(x, ids, wts, cpu_kernels.pack_experts(*ws))[0]
+    one = jax.jit(decode_layout_experts)(x, ids, wts, cpu_kernels.pack_experts(*ws))[0]
     mesh = unrolled.decode_mesh(n)
     packed = jax.device_put(cpu_kernels.pack_experts(*ws, mesh), NamedSharding(mesh, P("decode")))
     assert packed.w_gate_up.shape[0] == n and len(packed.w_gate_up.sharding.device_set) == n
-    got = jax.jit(moe_lib.split_dispatch)(x, ids, wts, packed)[0]
+    got = jax.jit(decode_layout_experts)(x, ids, wts, packed)[0]
     np.testing.assert_allclose(got, one, atol=1e-5, rtol=1e-5)
-    np.testing.assert_allclose(got, moe_lib.split_dispatch(x, ids, wts, moe_lib.split_experts(*ws))[0],
+    np.testing.assert_allclose(got, decode_layout_experts(x, ids, wts, moe_lib.split_experts(*ws))[0],
                                atol=1e-5, rtol=1e-5)
 
 

@@ -7,13 +7,12 @@ import pytest
 
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
-import jax  # noqa: E402
-
 from c2jax.config import load_config_file  # noqa: E402
 from c2jax.ops import record_choices  # noqa: E402
 from c2jax.parallel import compile_check as cc  # noqa: E402
 from c2jax.parallel.mesh import make_mesh  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("no_persistent_cache")
 CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "pods", "tiny_v5p_8.py")
 
 
@@ -27,7 +26,6 @@ def devices():
 
 @pytest.mark.parametrize("quant", ["none", "mxfp8"])
 def test_train_step_runs_the_pallas_grouped_matmul(devices, quant):
-    jax.config.update("jax_enable_compilation_cache", False)
     cfg = load_config_file(CONFIG)
     cfg.model.quant = quant
     mesh = make_mesh(cfg, devices)
@@ -41,10 +39,9 @@ def test_train_step_runs_the_pallas_grouped_matmul(devices, quant):
 
 
 def test_decode_step_runs_the_pallas_grouped_matmul(devices):
-    jax.config.update("jax_enable_compilation_cache", False)
     cfg = load_config_file(CONFIG)
     pod = cc.pod_cfg(cfg)
     dcfg = cc._decode_cfg(cfg, pod.decode_mesh_shape, pod.decode_batch)
-    lowered, _ = cc.compile_decode_step(dcfg, devices, pod.decode_batch, pod.decode_len)
-    assert set(lowered.kernels["experts"]) == {"pallas_gmm"}
+    lowered, _, kernels = cc.compile_decode_step(dcfg, devices, pod.decode_batch, pod.decode_len)
+    assert set(kernels["experts"]) == {"pallas_gmm"}
     assert lowered.as_text().count("tpu_custom_call") == 3    # gate, up, down of the one MoE layer

@@ -2,7 +2,7 @@
 with c2jax.backends.cpu.kernels), with moe.capacity_dispatch's semantics: each expert takes its
 first `cap` assignments in token order.
 
-Why: XLA CPU's block path (moe._block_dispatch) pads each expert's rows to blocks, loops over
+Why: XLA CPU's block path (c2jax.ops.experts_xla.block_dispatch) pads each expert's rows to blocks, loops over
 them with dynamic slices and update-slices, and zero-fills and gathers [R, D] / [R, F] buffers
 around its products; on the 89M bench shape that is ~40% of an MoE layer's time on top of
 the products. The kernel runs each expert's rows in chunks of 128 through register-blocked

@@ -10,9 +10,8 @@ mean position; float32) and measure_bandwidth (in-place x + 1 and a sum; here ov
 2 GiB by default, since 256 MB takes ~0.1 ms on an H200 and timer overhead would dominate).
 The weights are written with c2jax.hf.save to --weights-dir first, so hf_generate_gpu.py (run
 after this process exits, so the two frameworks never share the GPU's memory) decodes the SAME
-weights. Variants: "default" is the sampler as configured (on GPU: grouped dispatch, or the
-per-token gather path when batch * top-k < experts); "capacity" sets model.moe_dispatch=capacity
-(the sampler makes it dropless: capacity = tokens, one batched einsum over all experts).
+weights. Variants: "default" is the sampler as configured (its kernels as c2jax.ops chooses them for
+the GPU, recorded per row); "grouped" pins the routed experts to the sorted grouped matmuls.
 """
 from __future__ import annotations
 
@@ -24,7 +23,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_common import BENCH, Deadline, default_budget, emit, load_module  # noqa: E402
 
-VARIANTS = {"default": {}, "capacity": {"moe_dispatch": "capacity"}}
+VARIANTS = {"default": {}, "grouped": {"kernels.experts": "xla_grouped"}}
 
 
 def main(argv=None) -> int:
@@ -33,7 +32,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", default="8,64,1")
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=128)
-    ap.add_argument("--variants", default="default,capacity", help=f"comma list of {sorted(VARIANTS)}")
+    ap.add_argument("--variants", default="default,grouped", help=f"comma list of {sorted(VARIANTS)}")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="cfg.model overrides for every row (e.g. a small shape for a CPU smoke test)")
     ap.add_argument("--weights-dir", default="", help="write the weights here (HF format) for the HF peer")
@@ -49,7 +48,7 @@ def main(argv=None) -> int:
 
     import c2jax
     from c2jax.config import apply_overrides
-    from c2jax.models.moe import resolve_dispatch
+    from c2jax.ops import record_choices
     from c2jax.models.transformer import param_count
 
     bw = sb.measure_bandwidth(n_bytes=args.bw_bytes, iters=10)
@@ -62,8 +61,7 @@ def main(argv=None) -> int:
     slowest = 0.0
     for vi, variant in enumerate(v for v in args.variants.split(",") if v):
         cfg = sb.model_config(args.model)
-        for k, v in VARIANTS[variant].items():
-            cfg.model[k] = v
+        apply_overrides(cfg, {f"model.{k}": v for k, v in VARIANTS[variant].items()})
         apply_overrides(cfg, [s if s.startswith("model.") else "model." + s for s in args.set])
         params = c2jax.models.init_params(cfg, jax.random.key(0))
         if args.weights_dir and not saved:
@@ -82,11 +80,11 @@ def main(argv=None) -> int:
             t = time.perf_counter()
             row = {"part": "decode", "impl": "c2jax", "variant": variant, "model": args.model, "params": n_params,
                    "batch": batch, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
-                   "dtype": cfg.model.dtype, "dispatch": resolve_dispatch(cfg.model),
-                   "path": "gather" if batch * cfg.model.num_experts_per_tok < cfg.model.num_experts
-                   else resolve_dispatch(cfg.model)}
+                   "dtype": cfg.model.dtype, "dispatch": "dropless"}   # the sampler never drops tokens
             try:
-                row.update(sb.bench_c2jax(cfg, params, batch, args.prompt_len, args.new_tokens))
+                with record_choices() as kernels:   # what the sampler's programs ran, as traced
+                    row.update(sb.bench_c2jax(cfg, params, batch, args.prompt_len, args.new_tokens))
+                row["kernels"] = kernels
                 bound_ms = 1e3 * sb.step_bytes(cfg, batch, args.prompt_len + args.new_tokens / 2) / (bw * 1e9)
                 row.update(bandwidth_GB_s=bw, bound_ms_per_step=bound_ms,
                            c2jax_over_bound=row["ms_per_step"] / bound_ms)

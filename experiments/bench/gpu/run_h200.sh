@@ -9,7 +9,7 @@
 #   0. environment: nvidia-smi, jax.devices(), package versions
 #   1. train_c2jax.py       c2jax train step, 89M Qwen3-MoE, 32 x 2048, bf16 (then f32, grouped if time allows)
 #   2. hf_train_step_gpu.py HF Qwen3MoeForCausalLM, same shape, torch bf16 (then autocast)
-#   3. decode_c2jax.py      c2jax Sampler decode, 100m model, batches 8, 64, 1 (+ capacity dispatch if time allows)
+#   3. decode_c2jax.py      c2jax Sampler decode, 100m model, batches 8, 64, 1 (+ the grouped expert kernel pinned, if time allows)
 #   4. hf_generate_gpu.py   HF generate on the same weights, same batches
 #   5. summarize.py         tables + c2jax / HF ratios -> $OUT/summary.md
 # JAX and torch never run at the same time (JAX preallocates 75% of the GPU memory per process).
@@ -45,14 +45,14 @@ if [[ -n "${TINY:-}" ]]; then
   TRAIN=(--batch 2 --seq 64 --steps 2 --warmup 1 --peak-n 256 --variants "${TRAIN_VARIANTS:-bf16,f32,bf16_grouped}")
   HF_TRAIN=(--batch 2 --seq 64 --steps 2 --warmup 1 --peak-n 0 --precisions "${HF_PRECISIONS:-bf16,amp}")
   DEC=(--model tiny --batches 2,1 --prompt-len 8 --new-tokens 8 --bw-bytes $((16 << 20))
-       --variants "${DECODE_VARIANTS:-default,capacity}")
+       --variants "${DECODE_VARIANTS:-default,grouped}")
   HF_DEC=(--batches 2,1 --prompt-len 8 --new-tokens 8)
 else
   JAX_SHAPE=()
   HF_SHAPE=()
   TRAIN=(--batch 32 --seq 2048 --steps 10 --warmup 2 --peak-n 8192 --variants "${TRAIN_VARIANTS:-bf16,f32,bf16_grouped}")
   HF_TRAIN=(--batch 32 --seq 2048 --steps 8 --warmup 3 --peak-n 8192 --precisions "${HF_PRECISIONS:-bf16,amp}")
-  DEC=(--model 100m --batches 8,64,1 --prompt-len 64 --new-tokens 128 --variants "${DECODE_VARIANTS:-default,capacity}")
+  DEC=(--model 100m --batches 8,64,1 --prompt-len 64 --new-tokens 128 --variants "${DECODE_VARIANTS:-default,grouped}")
   HF_DEC=(--batches 8,64,1 --prompt-len 64 --new-tokens 128)
 fi
 

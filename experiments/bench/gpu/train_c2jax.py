@@ -84,7 +84,7 @@ def run_variant(args, ts, name: str, peaks: dict) -> dict:
 
     from c2jax.config import apply_overrides, load_config_file, validate
     from c2jax.models import flops_per_token, init_params, param_count
-    from c2jax.models.moe import resolve_dispatch
+    from c2jax.ops import record_choices
     from c2jax.train.optimizer import make_optimizer
     from c2jax.train.step import init_state, make_train_step
 
@@ -107,7 +107,8 @@ def run_variant(args, ts, name: str, peaks: dict) -> dict:
              "loss_weights": jnp.ones((B, L), jnp.float32)}
     step = make_train_step(cfg, optimizer)
     t = time.perf_counter()
-    compiled = step.lower(state, batch).compile()
+    with record_choices() as kernels:   # the implementation each op ran in the step, as traced
+        compiled = step.lower(state, batch).compile()
     compile_s = time.perf_counter() - t
     losses, dropped, times = [], [], []
     n_steps = min(args.steps, MAX_STEPS.get(name, args.steps))
@@ -141,8 +142,8 @@ def run_variant(args, ts, name: str, peaks: dict) -> dict:
         "part": "train", "impl": "c2jax", "variant": name, "overrides": {**VARIANTS[name], **dict(
             s.split("=", 1) for s in args.set)},
         "dtype": cfg.model.dtype, "param_dtype": cfg.model.param_dtype,
-        "dispatch": resolve_dispatch(cfg.model), "capacity_factor": cfg.model.capacity_factor,
-        "kernels": dict(cfg.model.kernels),
+        "dispatch": cfg.model.moe_dispatch, "capacity_factor": cfg.model.capacity_factor,
+        "kernels": kernels,
         "batch": B, "seq": L, "tokens_per_step": B * L,
         "params": counts["total"], "params_match_peer": counts["total"] == ts.PEER_PARAMS,
         "flops_per_token": fpt,
