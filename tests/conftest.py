@@ -32,3 +32,15 @@ def no_persistent_cache():
     jax.config.update("jax_enable_compilation_cache", False)
     yield
     jax.config.update("jax_enable_compilation_cache", old)
+
+
+@pytest.fixture
+def wide_cpu_kernels(monkeypatch):
+    """The CPU product kernels chosen by "auto" whatever the host's vector width (they are slower
+    than XLA's paths without AVX-512, c2jax.backends.cpu.kernels.narrow_vectors), so a test of
+    their numerics runs them on every host."""
+    from c2jax.backends.cpu import kernels as cpu_kernels
+    monkeypatch.setenv("C2JAX_CPU_KERNELS", "wide")
+    cpu_kernels.narrow_vectors.cache_clear()
+    yield
+    cpu_kernels.narrow_vectors.cache_clear()

@@ -116,8 +116,8 @@ class MLAAttention(nn.Module):
         scale = softmax_scale(N + R, m)
         # context parallelism when the mesh has a context axis > 1
         if cache is None and cp.cp_active(L):
-            out = cp.mla_context_attention(q_nope, q_rope, latent_BLC, k_rope_BLR, kv_b_CHX, positions_BL,
-                                           segment_ids_BL, scale, dt)
+            out = attention_ops.mla_context_attention(kn, q_nope, q_rope, latent_BLC, k_rope_BLR, kv_b_CHX,
+                                                      positions_BL, segment_ids_BL, scale, dt)
             new_cache = None
         elif cache is None:
             kv = jnp.einsum("blc,chx->blhx", latent_BLC, kv_b_CHX)

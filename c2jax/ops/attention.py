@@ -1,9 +1,11 @@
 """Attention ops: `attention` (training and prefill self-attention over packed rows) and
 `decode_attention` (a few new queries per row against a KV cache), each one registry.
 
-Under a context-parallel mesh the sequence layouts of c2jax.parallel.context run (their local
-attention is XLA's); on other multi-device meshes a Mosaic kernel runs inside a shard_map over
-the batch axes (GSPMD cannot partition a custom call).
+Under a context-parallel mesh the sequence layouts of c2jax.parallel.context run, and the chosen
+implementation attends each rank's queries against the gathered keys by explicit positions and
+segments (the flash kernel, or XLA's masked product in query chunks); on other multi-device
+meshes a Mosaic kernel runs inside a shard_map over the batch axes (GSPMD cannot partition a
+custom call).
 
 Letters: B batch, L query length, S key length (cache slots), H query heads, G kv heads, P q/k
 head dim, O value dim.
@@ -16,7 +18,7 @@ from jax.sharding import PartitionSpec as P
 from c2jax.ops import attention_xla as xla
 from c2jax.ops.attention_xla import DECODE_MAX_QUERIES, attention_mask
 from c2jax.ops.registry import define_op, kernels_choice
-from c2jax.ops.target import Target, current_target, one_cpu_device
+from c2jax.ops.target import Target, current_target, narrow_vectors, one_cpu_device
 from c2jax.parallel import context as cp
 from c2jax.parallel.mesh import row_axes, spec_entry
 
@@ -37,13 +39,18 @@ DECODE_ATTENTION = define_op("decode_attention", {
 
 
 def _not_cp(spec):
-    return "context parallelism runs its own XLA attention over the gathered keys" if spec["cp"] else None
+    return "the packed-row form only (context parallelism attends gathered keys)" if spec["cp"] else None
+
+
+def _flash_cp_ok(target: Target, **spec):
+    return "ring context parallelism (mesh.cp_impl='ring') runs its own XLA online softmax" \
+        if spec["cp"] and spec.get("ring") else None
 
 
 def _flash_ok(target: Target, **spec):
     if target.platform != "tpu":
         return f"a Mosaic kernel (target is {target.platform})"
-    return _not_cp(spec)
+    return _flash_cp_ok(target, **spec)
 
 
 def _cpu_attention_ok(target: Target, **spec):
@@ -65,7 +72,8 @@ def _xla_dense(q, k, v, positions_BL, segment_ids_BL, scale):
     return xla.dot_product_attention(q, k, v, mask, scale)
 
 
-@ATTENTION.register("cpu_ffi", _cpu_attention_ok, doc="c2jax/backends/cpu/cpu_attention.cc, forward and backward")
+@ATTENTION.register("cpu_ffi", _cpu_attention_ok, doc="c2jax/backends/cpu/cpu_attention.cc, forward and backward",
+                    auto_skip=narrow_vectors)
 def _cpu_ffi(q, k, v, positions_BL, segment_ids_BL, scale):
     from c2jax.backends.cpu import attention as cpu_attention
     return cpu_attention.causal_attention(q, k, v, positions_BL, segment_ids_BL, scale).astype(q.dtype)
@@ -82,20 +90,54 @@ def _flash(impl: str):
 
 
 ATTENTION.register("pallas_flash", _flash_ok, doc="Pallas Mosaic flash attention, forward and backward")(_flash("pallas"))
-ATTENTION.register("pallas_flash_interpret", lambda target, **spec: _not_cp(spec),
+ATTENTION.register("pallas_flash_interpret", _flash_cp_ok,
                    doc="the flash kernel run by the Pallas interpreter (tests on CPU)")(_flash("interpret"))
+
+
+def _flash_gathered(impl: str):
+    """Local queries [b, Lc, H, P] against gathered keys [b, S, G, P]: the flash kernel with the
+    queries' and keys' own positions and segments (zigzag order needs no special case)."""
+    def run(q, k_S, v_S, pos, pos_S, seg, seg_S, scale):
+        import pallas_kernels
+        out = pallas_kernels.flash_attention(
+            q.transpose(0, 2, 1, 3), k_S.transpose(0, 2, 1, 3), v_S.transpose(0, 2, 1, 3),
+            q_segment_ids_BL=seg, kv_segment_ids_BS=seg_S, q_positions_BL=pos, kv_positions_BS=pos_S,
+            causal=True, sm_scale=scale, impl=impl)
+        return out.transpose(0, 2, 1, 3)
+    return run
+
+
+# the local attention each implementation runs under context parallelism (others: XLA's masked product)
+_GATHERED = {"pallas_flash": _flash_gathered("pallas"), "pallas_flash_interpret": _flash_gathered("interpret")}
+
+
+def _select(kernels, L: int, **operands):
+    target = current_target()
+    cp_on = cp.cp_active(L)
+    ring = cp_on and cp.cp_impl() == "ring"
+    impl = ATTENTION.select(kernels_choice(kernels, "attention"), target, cp=cp_on, ring=ring, **operands)
+    return impl, target, cp_on, _GATHERED.get(impl.name, cp.masked_local_attention)
 
 
 def attention(kernels, q_BLHP, k_BLGP, v_BLGO, positions_BL, segment_ids_BL, scale: float):
     """Causal self-attention of packed rows (keys = the queries' own row) by position and segment
     -> [B, L, H, O]. kernels: the model config's `kernels` section."""
-    L = q_BLHP.shape[1]
-    target = current_target()
-    cp_on = cp.cp_active(L)
-    impl = ATTENTION.select(kernels_choice(kernels, "attention"), target, q=q_BLHP, k=k_BLGP, v=v_BLGO, cp=cp_on)
+    impl, target, cp_on, local = _select(kernels, q_BLHP.shape[1], q=q_BLHP, k=k_BLGP, v=v_BLGO)
     if cp_on:
-        return cp.gqa_context_attention(q_BLHP, k_BLGP, v_BLGO, positions_BL, segment_ids_BL, scale)
+        return cp.gqa_context_attention(q_BLHP, k_BLGP, v_BLGO, positions_BL, segment_ids_BL, scale, local=local)
     return _run(impl, target, scale, q_BLHP, k_BLGP, v_BLGO, positions_BL, segment_ids_BL)
+
+
+def mla_context_attention(kernels, q_nope_BLHN, q_rope_BLHR, latent_BLC, k_rope_BLR, kv_b_CHX, positions_BL,
+                          segment_ids_BL, scale: float, dtype):
+    """MLA training attention under context parallelism (c2jax.parallel.context gathers the
+    latents and up-projects them per rank) with the chosen local attention -> [B, L, H, O]."""
+    B, L, H, N = q_nope_BLHN.shape
+    R, O = q_rope_BLHR.shape[-1], kv_b_CHX.shape[-1] - N
+    shape = lambda *d: jax.ShapeDtypeStruct(d, dtype)  # noqa: E731
+    _, _, _, local = _select(kernels, L, q=shape(B, L, H, N + R), k=shape(B, L, H, N + R), v=shape(B, L, H, O))
+    return cp.mla_context_attention(q_nope_BLHN, q_rope_BLHR, latent_BLC, k_rope_BLR, kv_b_CHX, positions_BL,
+                                    segment_ids_BL, scale, dtype, local=local)
 
 
 def _run(impl, target: Target, scale: float, *rows):

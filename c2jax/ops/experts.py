@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from c2jax.ops import experts_xla as xla
 from c2jax.ops.registry import define_op, kernels_choice
-from c2jax.ops.target import Target, current_target, one_cpu_device
+from c2jax.ops.target import Target, current_target, narrow_vectors, one_cpu_device
 from c2jax.parallel import experts as ep
 
 EXPERTS = define_op("experts", {
@@ -96,7 +96,8 @@ def _xla_blocks(x_TD, ids_TK, weights_TK, ws, cap, quant, stacked):
     return xla.block_dispatch(x_TD, ids_TK, weights_TK, *ws, cap)
 
 
-@EXPERTS.register("cpu_ffi", _cpu_ffi_ok, "c2jax/backends/cpu/cpu_moe.cc: forward and backward FFI calls (drops past cap)")
+@EXPERTS.register("cpu_ffi", _cpu_ffi_ok, "c2jax/backends/cpu/cpu_moe.cc: forward and backward FFI calls (drops past cap)",
+                  auto_skip=narrow_vectors)
 def _cpu_ffi(x_TD, ids_TK, weights_TK, ws, cap, quant, stacked):
     from c2jax.backends.cpu import moe as cpu_moe
     E = ws[0].shape[0]

@@ -28,6 +28,8 @@ class Impl:
     fn: Callable
     supported: Callable[..., str | None]
     doc: str = ""
+    # why "auto" passes over it although it can run (a measured rule: slower here); a pinned name still runs
+    auto_skip: Callable[..., str | None] | None = None
 
 
 class Op:
@@ -36,12 +38,15 @@ class Op:
     def __init__(self, name: str, auto: dict[str, tuple[str, ...]], field: str):
         self.name, self.auto, self.field, self.impls = name, auto, field, {}
 
-    def register(self, name: str, supported: Callable[..., str | None] | None = None, doc: str = ""):
-        """Decorator: register `fn` under `name` (supported=None: runs everywhere)."""
+    def register(self, name: str, supported: Callable[..., str | None] | None = None, doc: str = "",
+                 auto_skip: Callable[..., str | None] | None = None):
+        """Decorator: register `fn` under `name` (supported=None: runs everywhere; auto_skip: why
+        "auto" should pass over it where it runs, see Impl)."""
         def deco(fn):
             if name in self.impls:
                 raise ValueError(f"op {self.name!r} already has an implementation named {name!r}")
-            self.impls[name] = Impl(name, fn, supported or (lambda target, **spec: None), doc or (fn.__doc__ or ""))
+            self.impls[name] = Impl(name, fn, supported or (lambda target, **spec: None), doc or (fn.__doc__ or ""),
+                                    auto_skip)
             return fn
         return deco
 
@@ -66,8 +71,8 @@ class Op:
         reasons = []
         for name in self.auto.get(target.platform, ()) + self.auto.get("*", ()):
             impl = self.impls[name]
-            why = impl.supported(target, **spec)
-            if why is None:
+            why = impl.supported(target, **spec) or (impl.auto_skip and impl.auto_skip(target, **spec))
+            if not why:
                 return done(impl)
             reasons.append(f"{name}: {why}")
         raise KernelUnavailable(f"no implementation of {self.name} runs here ({target}): " + "; ".join(reasons))

@@ -42,6 +42,15 @@ def one_cpu_device(target: Target) -> str | None:
     return None
 
 
+def narrow_vectors(target: Target, **spec) -> str | None:
+    """Why "auto" passes over the CPU product kernels (attention, experts) on this host: they are
+    slower than XLA's paths without AVX-512 (c2jax.backends.cpu.kernels.narrow_vectors)."""
+    if target.platform != "cpu":
+        return None
+    from c2jax.backends.cpu import kernels as cpu_kernels
+    return cpu_kernels.narrow_vectors()
+
+
 def _platform_of(device) -> str:
     p = getattr(device, "platform", None) or "cpu"
     return "gpu" if p in ("cuda", "rocm", "gpu") else p

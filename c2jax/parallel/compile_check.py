@@ -5,8 +5,10 @@ devices of a TPU topology (e.g. "v5p:4x4x4") without the hardware, and `jit(...)
 .compile()` compiles for them. We AOT-compile
   - the real train step (c2jax.train.step.train_step: forward, loss, backward, AdamW update,
     FSDP/CP/EP sharded by the config's mesh and rules, state donated), and
-  - one sampler decode step (c2jax.models.forward_with_cache for one token per row against a
-    full KV cache, bf16 weights, on the decode mesh),
+  - the sampler's jitted decode chunk (c2jax.sampling.engine.decode_program: pod.decode_chunk
+    steps of one token per row against a full KV cache, sampling, logprobs, routed expert ids and
+    cache writes; bf16 weights, stored pre-quantized as the sampler stores them when model.quant
+    is set; dropless MoE; on the decode mesh),
 then read per-chip HBM from memory_analysis() and FLOPs from cost_analysis(), and compare them
 with the chip's HBM capacity and peak bf16 FLOP/s.
 
@@ -49,6 +51,7 @@ def pod_defaults() -> ml_collections.ConfigDict:
     p.decode_batch = 0                # sampler rows for the decode-step compile (0 = one per chip)
     p.decode_len = 4096               # KV cache slots per row in the decode-step compile
     p.decode_mesh_shape = ()          # mesh.shape for decoding (() = the training mesh)
+    p.decode_chunk = 32               # decode steps per on-device loop (the sampler's `chunk`)
     p.hbm_headroom = 0.9              # a config "fits" when peak HBM <= headroom * capacity
     p.compile_decode = True           # also compile the sampler decode step
     return p
@@ -116,6 +119,21 @@ def _compile(lowered) -> tuple:
     return compiled, None
 
 
+_KERNEL_NAME = re.compile(r'kernel_name = "([^"]+)"')
+
+
+def mosaic_kernels(lowered_text: str) -> dict[str, int]:
+    """{Mosaic kernel name: tpu_custom_call sites} in a lowered program's text (a loop body's
+    calls, e.g. a scanned layer's, count once)."""
+    names = {}
+    for line in lowered_text.splitlines():
+        if "tpu_custom_call" in line:
+            m = _KERNEL_NAME.search(line)
+            key = m.group(1) if m else "?"
+            names[key] = names.get(key, 0) + 1
+    return dict(sorted(names.items()))
+
+
 def _flops(compiled) -> float:
     cost = compiled.cost_analysis()
     if isinstance(cost, (list, tuple)):
@@ -176,21 +194,43 @@ def _decode_cfg(cfg, shape, batch: int):
     return d
 
 
-def compile_decode_step(cfg, devices, batch: int, cache_len: int):
-    """Lower one sampler decode step (one token per row, full cache, bf16 weights); returns
+def _quantized_shardings(qparams, float_shardings, mesh):
+    """Shardings of the sampler's pre-quantized params: each quantized container's values and
+    scales take their float weight's spec (a scale missing the contraction dim drops that entry;
+    a dim the mesh axes do not divide stays whole)."""
+    import pallas_kernels as pk
+    is_q = lambda x: isinstance(x, (pk.QuantizedWeight, pk.QuantizedExperts))  # noqa: E731
+
+    def spec_for(leaf, spec):
+        spec = tuple(spec) + (None,) * (len(leaf.shape) - len(spec))
+        if len(spec) > len(leaf.shape):          # channel scale [.., N]: no contraction dim
+            spec = spec[:-2] + spec[-1:]
+        size = lambda e: math.prod(mesh.shape[a] for a in ((e,) if isinstance(e, str) else e))  # noqa: E731
+        return P(*(e if e is None or d % size(e) == 0 else None for e, d in zip(spec, leaf.shape)))
+
+    def one(q, sh):
+        if not is_q(q):
+            return sh
+        return jax.tree.map(lambda leaf: NamedSharding(mesh, spec_for(leaf, sh.spec)), q)
+    return jax.tree.map(one, qparams, float_shardings, is_leaf=is_q)
+
+
+def compile_decode_step(cfg, devices, batch: int, cache_len: int, chunk: int = 32):
+    """Lower the sampler's jitted decode chunk (`chunk` steps) on the decode mesh; returns
     (Lowered, decode mesh, {op: {implementation: call sites}} traced)."""
-    from c2jax.models import abstract_params, forward_with_cache, init_cache
-    from c2jax.parallel.mesh import (
-        activate,
-        logical_to_mesh_spec,
-        make_mesh,
-    )
-    from c2jax.models import param_shardings
+    from c2jax.models import abstract_params, init_cache, param_shardings
+    from c2jax.parallel.mesh import activate, logical_to_mesh_spec, make_mesh
+    from c2jax.sampling import quantized
+    from c2jax.sampling.engine import decode_program, sampler_model_cfg
+    from c2jax.sampling.rows import init_row_state
     mesh = make_mesh(cfg, devices)
-    m = ml_collections.ConfigDict(cfg.model.to_dict())
+    m = sampler_model_cfg(cfg)
     m.param_dtype = "bfloat16" if m.dtype == "bfloat16" else m.param_dtype
     p_sh = param_shardings(cfg, mesh)
     params = _abstract(abstract_params(m), p_sh)
+    if m.quant != "none":    # the sampler's storage (quant_scope "experts")
+        qparams = jax.eval_shape(lambda p: quantized.quantize_params(p, m.quant, "experts"), params)
+        params = _abstract(qparams, _quantized_shardings(qparams, p_sh, mesh))
     cache_shapes = jax.eval_shape(lambda: init_cache(m, batch, cache_len))
     with activate(cfg, mesh):
         b_spec = logical_to_mesh_spec(P("batch"), cfg, mesh)[0]
@@ -200,17 +240,13 @@ def compile_decode_step(cfg, devices, batch: int, cache_len: int):
                 b_spec = None
         cache = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
             x.shape, x.dtype, sharding=NamedSharding(mesh, P(None, b_spec))), cache_shapes)
-        tok_sh = NamedSharding(mesh, P(b_spec, None))
-        tokens = jax.ShapeDtypeStruct((batch, 1), jnp.int32, sharding=tok_sh)
-
-        def step(params, cache, tokens, positions):
-            out = forward_with_cache(m, params, tokens, positions, cache)
-            return jnp.argmax(out.logits[:, -1], axis=-1).astype(jnp.int32), out.cache
-
-        fn = jax.jit(step, donate_argnums=(1,), out_shardings=(NamedSharding(mesh, P(b_spec)),
-                                                                jax.tree.map(lambda c: c.sharding, cache)))
+        state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+            x.shape, x.dtype, sharding=NamedSharding(mesh, P(b_spec, *[None] * (x.ndim - 1)))),
+            jax.eval_shape(init_row_state, batch))
+        min_live = jax.ShapeDtypeStruct((), jnp.int32, sharding=NamedSharding(mesh, P()))
+        decode = decode_program(m, cache_len, batch)
         with record_choices() as kernels:
-            lowered = fn.lower(params, cache, tokens, tokens)
+            lowered = decode.lower(params, cache, state, min_live, C=chunk)
         return lowered, mesh, kernels
 
 
@@ -247,10 +283,10 @@ def _main(cfg, topology: str | None) -> dict:
     abstract = abstract_train_state(cfg, mesh)
     with record_choices() as kernels:
         lowered = compile_train_step(cfg, mesh, abstract)
-    mosaic = lowered.as_text().count("tpu_custom_call")
+    mosaic = mosaic_kernels(lowered.as_text())
     compiled, train = _compile(lowered)
     train = train or _memory(compiled)
-    train.update(kernels=kernels, mosaic_calls=mosaic)
+    train.update(kernels=kernels, mosaic_calls=sum(mosaic.values()), mosaic_kernels=mosaic)
     train.update(state_breakdown(abstract[2]))
     # what the temp holds besides the gradients: activations, remat checkpoints, collectives'
     # buffers, per-layer workspace (XLA does not split temp further)
@@ -268,16 +304,17 @@ def _main(cfg, topology: str | None) -> dict:
         batch = pod.decode_batch or len(devices)
         dcfg = _decode_cfg(cfg, pod.decode_mesh_shape, batch)
         t0 = time.time()
-        lowered, dmesh, kernels = compile_decode_step(dcfg, devices, batch, pod.decode_len)
-        mosaic = lowered.as_text().count("tpu_custom_call")
+        lowered, dmesh, kernels = compile_decode_step(dcfg, devices, batch, pod.decode_len, pod.decode_chunk)
+        mosaic = mosaic_kernels(lowered.as_text())
         compiled, dec = _compile(lowered)
         dec = dec or _memory(compiled)
-        dec.update(kernels=kernels, mosaic_calls=mosaic)
+        dec.update(kernels=kernels, mosaic_calls=sum(mosaic.values()), mosaic_kernels=mosaic)
         dflops = _flops(compiled) if compiled is not None else float("nan")
-        # one token per row: 2N + attention over a full cache (flops_per_token halves seq_len for causality)
+        # one token per row and step: 2N + attention over a full cache (flops_per_token halves
+        # seq_len for causality); the figures are per decode step, the program runs decode_chunk
         dec_flops = flops_per_token(cfg, 2 * pod.decode_len, training=False) * batch
         dec.update(compile_s=round(time.time() - t0, 1), mesh=dict(dmesh.shape), batch=batch,
-                   cache_len=pod.decode_len, xla_flops_per_chip=dflops, flops_per_step=dec_flops,
+                   cache_len=pod.decode_len, chunk=pod.decode_chunk, xla_flops_per_chip=dflops, flops_per_step=dec_flops,
                    flops_per_chip=dec_flops / len(devices), step_s_at_peak=dec_flops / len(devices) / peak)
         report["decode"] = dec
     return judge(cfg, report)
@@ -332,7 +369,8 @@ def format_report(r: dict) -> str:
         if not s:
             continue
         what = (f"batch {r['batch_size']} x {r['seq_len']} tokens (grad_accum {r['grad_accum']})" if name == "train"
-                else f"batch {s['batch']}, cache {s['cache_len']}, mesh {s['mesh']}")
+                else f"sampler decode chunk of {s.get('chunk', 1)} steps, batch {s['batch']}, cache {s['cache_len']}, "
+                     f"mesh {s['mesh']}; per step")
         out.append(f"  {name} step [{what}]: compiled in {s['compile_s']} s")
         if s.get("compile_error"):
             out.append(f"    the TPU compiler ran out of HBM: {s['compile_error']}")
@@ -345,7 +383,9 @@ def format_report(r: dict) -> str:
                        f"(temp) GiB")
         if "kernels" in s:
             ops = "; ".join(f"{op} {', '.join(sorted(impls))}" for op, impls in sorted(s["kernels"].items()))
-            out.append(f"    kernels: {ops} ({s['mosaic_calls']} Mosaic calls in the program)")
+            calls = ", ".join(f"{k} x{n}" for k, n in s.get("mosaic_kernels", {}).items()) or "none"
+            out.append(f"    kernels: {ops}")
+            out.append(f"    Mosaic calls in the program ({s['mosaic_calls']}): {calls}")
         kind = "6N + attention" if name == "train" else "2N + attention"
         out.append(f"    FLOPs per step {s['flops_per_step']:.3e} ({kind}), {s['flops_per_chip']:.3e} per chip -> "
                    f"{s['step_s_at_peak'] * 1e3:.1f} ms at peak (XLA cost analysis, loop bodies counted once: "

@@ -135,11 +135,20 @@ def _map_query_chunks(fn, n: int, *q_args):
 # ----------------------------------------------------------------------------- MLA
 
 
-def mla_context_attention(q_nope_BLHN, q_rope_BLHR, latent_BLC, k_rope_BLR, kv_b_CHX, positions_BL,
-                          segment_ids_BL, scale: float, dtype):
-    """MLA attention under CP: all-gather latents + rotary keys, up-project locally, attend with
-    the local queries. Returns [B, L, H, O] sharded like the queries."""
+def masked_local_attention(q, k_S, v_S, pos, pos_S, seg, seg_S, scale):
+    """XLA attention of local queries against gathered keys, masked by position and segment, in
+    query chunks (mesh.attention_chunk) so one chunk's logits are live at a time."""
     from c2jax.ops.attention_xla import dot_product_attention
+    return _map_query_chunks(lambda qc, pc, sc: dot_product_attention(qc, k_S, v_S, _mask(pc, pos_S, sc, seg_S), scale),
+                             _query_chunks(q.shape[1]), q, pos, seg)
+
+
+def mla_context_attention(q_nope_BLHN, q_rope_BLHR, latent_BLC, k_rope_BLR, kv_b_CHX, positions_BL,
+                          segment_ids_BL, scale: float, dtype, local=masked_local_attention):
+    """MLA attention under CP: all-gather latents + rotary keys, up-project locally, attend with
+    the local queries. `local(q, k_S, v_S, pos, pos_S, seg, seg_S, scale)` attends one rank's
+    queries against the gathered keys (c2jax.ops.attention chooses it). Returns [B, L, H, O]
+    sharded like the queries."""
     B, L, H, N = q_nope_BLHN.shape
     b_axes, l_axes = _token_specs(B, L)
 
@@ -152,9 +161,7 @@ def mla_context_attention(q_nope_BLHN, q_rope_BLHR, latent_BLC, k_rope_BLR, kv_b
         b, S = kv.shape[:2]
         k = jnp.concatenate([kv[..., :N], jnp.broadcast_to(k_rope_S[:, :, None], (b, S, H, k_rope_S.shape[-1]))], -1)
         q = jnp.concatenate([q_nope, q_rope], -1)
-        v = kv[..., N:]
-        return _map_query_chunks(lambda qc, pc, sc: dot_product_attention(qc, k, v, _mask(pc, pos_S, sc, seg_S), scale),
-                                 _query_chunks(q.shape[1]), q, pos, seg)
+        return local(q, k, kv[..., N:], pos, pos_S, seg, seg_S, scale)
 
     tok = lambda n: _spec(b_axes, l_axes, n)
     fn = jax.shard_map(body, in_specs=(tok(2), tok(2), tok(1), tok(1), P(), tok(0), tok(0)),
@@ -207,13 +214,20 @@ def _ring_attention(q, k, v, pos, seg, scale):
     return out.reshape(b, Lc, H, O).astype(q.dtype)
 
 
-def gqa_context_attention(q_BLHP, k_BLGP, v_BLGO, positions_BL, segment_ids_BL, scale: float,
-                          impl: str | None = None):
-    """GQA attention under CP, `impl` "allgather" or "ring" (default: config.mesh.cp_impl)."""
-    from c2jax.ops.attention_xla import dot_product_attention
+def cp_impl(impl: str | None = None) -> str:
+    """The GQA context layout: `impl` or config.mesh.cp_impl ("allgather" | "ring")."""
     impl = impl or parallel_setting("cp_impl", "allgather")
     if impl not in ("allgather", "ring"):
         raise ConfigError(f"mesh.cp_impl = {impl!r}; choose 'allgather' or 'ring'")
+    return impl
+
+
+def gqa_context_attention(q_BLHP, k_BLGP, v_BLGO, positions_BL, segment_ids_BL, scale: float,
+                          impl: str | None = None, local=masked_local_attention):
+    """GQA attention under CP, `impl` "allgather" or "ring" (default: config.mesh.cp_impl).
+    allgather: `local` attends the rank's queries against the gathered K/V (see
+    mla_context_attention); ring keeps its own XLA online softmax."""
+    impl = cp_impl(impl)
     B, L = q_BLHP.shape[:2]
     b_axes, l_axes = _token_specs(B, L)
 
@@ -221,9 +235,7 @@ def gqa_context_attention(q_BLHP, k_BLGP, v_BLGO, positions_BL, segment_ids_BL, 
         if impl == "ring":
             return _ring_attention(q, k, v, pos, seg, scale)
         pos_S, seg_S = _gather_len(pos), _gather_len(seg)
-        k_S, v_S = _gather_len(k), _gather_len(v)
-        return _map_query_chunks(lambda qc, pc, sc: dot_product_attention(qc, k_S, v_S, _mask(pc, pos_S, sc, seg_S), scale),
-                                 _query_chunks(q.shape[1]), q, pos, seg)
+        return local(q, _gather_len(k), _gather_len(v), pos, pos_S, seg, seg_S, scale)
 
     tok = lambda n: _spec(b_axes, l_axes, n)
     fn = jax.shard_map(body, in_specs=(tok(2), tok(2), tok(2), tok(0), tok(0)), out_specs=tok(2))
@@ -324,9 +336,11 @@ __all__ = [
     "axes_size",
     "context_size",
     "cp_active",
+    "cp_impl",
     "cp_prefill_active",
     "gqa_context_attention",
     "gqa_context_prefill",
+    "masked_local_attention",
     "mla_context_attention",
     "mla_context_prefill",
     "zigzag_order",

@@ -203,6 +203,12 @@ def _kernels(model_json: str, S: int, B: int, split: bool = False):
     return prefill, decode, N
 
 
+def decode_program(model_cfg, max_len: int, max_batch: int):
+    """The sampler's jitted decode chunk for the scanned model (the form accelerators run):
+    decode(params, cache, state, min_live, C=32, use_filter=True) -> (cache, state, steps, buffers)."""
+    return _kernels(model_cfg.to_json(), int(max_len), int(max_batch))[1]
+
+
 SPAN_MIN = 128   # smallest attention span of a decode chunk (spans double up to the cache size)
 
 

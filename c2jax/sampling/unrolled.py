@@ -48,10 +48,11 @@ def decode_layout(m, mesh=None) -> str:
     """How split_params lays out model config m's weights for decode: "packed" (for the CPU
     kernels, cpu_kernels: float32 on CPU where they build; experts as PackedExperts, the head
     and the Linear kernels they can run as PackedMatrix) or "split" (split_experts /
-    ShardedExperts, everything through XLA). Set C2JAX_CPU_KERNELS=0 for "split"."""
+    ShardedExperts, everything through XLA; also where the kernels are slower than XLA's paths,
+    cpu_kernels.narrow_vectors). Set C2JAX_CPU_KERNELS=0 for "split"."""
     n = 1 if mesh is None else mesh.size
     E, D, F = m.num_experts, m.hidden_size, m.moe_intermediate_size
-    if not E or dtype_of(m.dtype) != jnp.float32 or cpu_kernels.unavailable():
+    if not E or dtype_of(m.dtype) != jnp.float32 or cpu_kernels.unavailable() or cpu_kernels.narrow_vectors():
         return "split"
     return "split" if cpu_kernels.packable(jax.ShapeDtypeStruct((E, D, F), jnp.float32), n) else "packed"
 

@@ -12,6 +12,7 @@ import c2jax
 from c2jax.config import ConfigError, default_config
 from c2jax.ops import attention_xla as attention_lib
 from c2jax.models import param_shardings
+from c2jax.ops import record_choices
 from c2jax.parallel import activate, make_mesh
 from c2jax.parallel.context import zigzag_order, zigzag_permute, zigzag_unpermute
 from c2jax.train.step import token_nll, total_loss
@@ -88,23 +89,28 @@ CASES = [
     ("mla", (2, 1, 2, 2), "allgather", ("data", "context", "expert")),  # EP 8 over every device
     # EP 4, expert weights FSDP over fsdp and tokens dispatched in 2 chunks (the pods' layout)
     ("mla", (1, 2, 2, 2), "allgather", ("context", "expert"), "fsdp", 2),
+    # the flash kernel (Pallas interpreter) as each CP rank's local attention over the gathered keys
+    ("gqa", (1, 4, 2, 1), "allgather", ("context",), None, 1, "pallas_flash_interpret"),
+    ("mla", (2, 2, 2, 1), "allgather", ("data", "context"), None, 1, "pallas_flash_interpret"),
 ]
 
 
-@pytest.mark.parametrize("attention,shape,cp_impl,experts,expert_embed,ep_chunks",
-                         [c + (None, 1)[len(c) - 4:] for c in CASES])
-def test_parallel_matches_single_device(attention, shape, cp_impl, experts, expert_embed, ep_chunks):
+@pytest.mark.parametrize("attention,shape,cp_impl,experts,expert_embed,ep_chunks,local",
+                         [c + (None, 1, "auto")[len(c) - 4:] for c in CASES])
+def test_parallel_matches_single_device(attention, shape, cp_impl, experts, expert_embed, ep_chunks, local):
     assert jax.device_count() == 8
     params, (ref_logits, ref_loss, ref_grads) = _reference(attention)
     cfg = _cfg(attention, shape, cp_impl, experts, expert_embed)
     cfg.mesh.ep_token_chunks = ep_chunks
+    cfg.model.kernels.attention = local
     mesh = make_mesh(cfg)
     cp = mesh.shape["context"]
     batch = zigzag_permute(_batch(cfg), cp)
-    with activate(cfg, mesh):
+    with activate(cfg, mesh), record_choices() as ran:
         shardings = param_shardings(cfg, mesh)
         sharded = jax.device_put(params, shardings)
         logits, loss, grads = jax.jit(functools.partial(_loss_logits_grads, cfg))(sharded, batch)
+    assert set(ran["attention"]) == {"xla_blocked" if local == "auto" else local}
     assert _rel_err(zigzag_unpermute(logits, cp), ref_logits) <= 1e-5
     assert _rel_err(loss, ref_loss) <= 1e-5
     errs = jax.tree.map(_rel_err, grads, ref_grads)

@@ -44,7 +44,10 @@ def test_auto_table_per_target():
     A = attention_ops.ATTENTION
     q = jnp.zeros((1, 8, 2, 16), jnp.float32)
     assert A.select("auto", TPU, q=q, k=q, v=q, cp=False).name == "pallas_flash"
-    assert A.select("auto", TPU, q=q, k=q, v=q, cp=True).name == "xla_blocked"
+    assert A.select("auto", TPU, q=q, k=q, v=q, cp=True).name == "pallas_flash"    # local attention of CP ranks
+    assert A.select("auto", TPU, q=q, k=q, v=q, cp=True, ring=True).name == "xla_blocked"
+    with pytest.raises(KernelUnavailable, match="ring context parallelism"):
+        A.select("pallas_flash", TPU, q=q, k=q, v=q, cp=True, ring=True)
     assert A.select("auto", GPU, q=q, k=q, v=q, cp=False).name == "xla_blocked"
     D = attention_ops.DECODE_ATTENTION
     assert D.select("auto", TPU, L=1).name == "pallas"
@@ -52,6 +55,30 @@ def test_auto_table_per_target():
     assert D.select("auto", CPU, L=1).name == "xla_reduce"
     assert layer_ops.MATMUL.select("auto", TPU, layout="plain").name == "xla"
     assert layer_ops.NORM.select("auto", GPU, x=q, weight=q[0, 0, 0], rope=False).name == "xla"
+
+
+def test_auto_passes_over_the_cpu_product_kernels_on_narrow_vector_hosts(monkeypatch):
+    from c2jax.backends.cpu import kernels as cpu_kernels
+    from c2jax.sampling import unrolled
+    import ml_collections
+    A = attention_ops.ATTENTION
+    q = jnp.zeros((1, 8, 2, 16), jnp.float32)
+    m = ml_collections.ConfigDict({"num_experts": 8, "hidden_size": 64, "moe_intermediate_size": 64,
+                                   "dtype": "float32"})
+    for wide, env in ((True, "wide"), (False, "1")):
+        monkeypatch.setenv("C2JAX_CPU_KERNELS", env)
+        monkeypatch.setattr(cpu_kernels, "_cpu_flags", lambda: "flags : fpu avx2 fma")
+        cpu_kernels.narrow_vectors.cache_clear()
+        auto = A.select("auto", CPU, q=q, k=q, v=q, cp=False).name
+        experts = experts_ops.EXPERTS.select("auto", CPU, **_expert_spec(capacity=True)).name
+        layout = unrolled.decode_layout(m)
+        if wide:
+            assert (auto, experts) == ("cpu_ffi", "cpu_ffi")
+        else:
+            assert (auto, experts, layout) == ("xla_blocked", "xla_blocks", "split")
+            # pinned, it still runs: the rule is a measured preference, not a capability
+            assert A.select("cpu_ffi", CPU, q=q, k=q, v=q, cp=False).name == "cpu_ffi"
+    cpu_kernels.narrow_vectors.cache_clear()
 
 
 def test_pinned_implementation_that_cannot_run_names_the_reason():

@@ -30,7 +30,7 @@ def setup(attention, tie=False, vocab=97):
 
 @pytest.mark.parametrize("attention,tie,vocab", [("gqa", False, 97), ("gqa", True, 97), ("mla", False, 97),
                                                  ("gqa", False, 128), ("gqa", True, 128), ("mla", False, 128)])
-def test_decode_step_matches_model_cached_step(attention, tie, vocab):
+def test_decode_step_matches_model_cached_step(attention, tie, vocab, wide_cpu_kernels):
     """Vocab 128 packs the output head for the CPU kernel (cpu_kernels.PackedMatrix), 97 cannot."""
     cfg, params = setup(attention, tie, vocab)
     m = cfg.model
@@ -95,7 +95,7 @@ def test_decode_attention_equals_dot_product_attention(L):
 
 @pytest.mark.parametrize("attention,max_len,lens,new", [("gqa", 32, (4, 6), 7), ("gqa", 320, (4, 119), 24),
                                                        ("mla", 320, (30, 121), 24)])
-def test_sampler_split_decode_equals_model_decode(attention, max_len, lens, new):
+def test_sampler_split_decode_equals_model_decode(attention, max_len, lens, new, wide_cpu_kernels):
     """A greedy and a sampled (temperature 1) request, two samples each, through both decodes.
     At max_len 320 the split decode attends over a span of the cache (128, then 256 once a row
     nears 128; the first chunk is forced to a span the rows outgrow, so the loop's guard stops it)."""
