@@ -173,9 +173,6 @@ class MoE(nn.Module):
         w_gate = _expert_weight(self, "w_gate", init, axes, (E, D, F), pdt, dt)
         w_up = _expert_weight(self, "w_up", init, axes, (E, D, F), pdt, dt)
         w_down = _expert_weight(self, "w_down", init, ("experts", "expert_mlp", "expert_embed"), (E, F, D), pdt, dt)
-        prequant = hasattr(w_gate, "values_GKN")
-        if prequant and experts_ops.ep.ep_plan(B, L, E) is not None:
-            raise NotImplementedError("pre-quantized expert weights under expert parallelism are not supported")
         y_BLD, dropped = experts_ops.experts(kernels_of(m), x_TD.reshape(B, L, D),
                                              ids_TK.reshape(B, L, K), weights_TK.reshape(B, L, K), w_gate, w_up,
                                              w_down, quant=m.quant, capacity_factor=capacity_factor_of(m),

@@ -242,7 +242,7 @@ def compile_decode_step(cfg, devices, batch: int, cache_len: int, chunk: int = 3
             x.shape, x.dtype, sharding=NamedSharding(mesh, P(None, b_spec))), cache_shapes)
         state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
             x.shape, x.dtype, sharding=NamedSharding(mesh, P(b_spec, *[None] * (x.ndim - 1)))),
-            jax.eval_shape(init_row_state, batch))
+            jax.eval_shape(lambda: init_row_state(batch)))
         min_live = jax.ShapeDtypeStruct((), jnp.int32, sharding=NamedSharding(mesh, P()))
         decode = decode_program(m, cache_len, batch)
         with record_choices() as kernels:

@@ -81,7 +81,7 @@ def _quantized_all_to_all(x_RD, axes, quant: str, out_dtype):
 def _local_experts(x_RD, eid_R, w_gate, w_up, w_down, gmm):
     """Rows with local expert id eid (== E_local for padding) through their expert, sorted by expert
     for the grouped matmuls `gmm`."""
-    e_local = w_gate.shape[0]
+    e_local = weight_shape(w_gate)[0]
     order = jnp.argsort(eid_R, stable=True)
     sizes = jnp.bincount(eid_R, length=e_local + 1)[:e_local].astype(jnp.int32)
     y_sorted = expert_ffn(x_RD[order], w_gate, w_up, w_down, sizes, gmm)
@@ -123,7 +123,7 @@ def expert_parallel_dispatch(x_BLD, ids_BLK, weights_BLK, w_gate, w_up, w_down, 
     `plan` from ep_plan; gmm(lhs, rhs, group_sizes): the grouped matmul each device runs its
     experts with (the kernel c2jax.ops.experts chose)."""
     B, L, D = x_BLD.shape
-    E, K = w_gate.shape[0], ids_BLK.shape[-1]
+    E, K = weight_shape(w_gate)[0], ids_BLK.shape[-1]
     if plan is None:
         raise ConfigError("expert_parallel_dispatch called without an active expert-parallel mesh")
     axes, b_axes, l_axes = plan
@@ -199,9 +199,9 @@ def _over_token_shards(body, x_BLD, ids_BLK, weights_BLK, w_gate, w_up, w_down, 
     weights split over `expert_axes` and their FSDP shards all-gathered inside: the backward then
     reduce-scatters their gradients (f32 [E/W, D, F] per chip, not replicated over fsdp)."""
     tok = P(spec_entry(b_axes), spec_entry(l_axes), None)
-    fs = _weight_fsdp_axes(expert_axes, w_gate.shape[1:])           # (expert_embed axes, expert_mlp axes)
-    in_spec = P(spec_entry(expert_axes), spec_entry(fs[0]), spec_entry(fs[1]))
-    out_spec = P(spec_entry(expert_axes), spec_entry(fs[1]), spec_entry(fs[0]))
+    fs = _weight_fsdp_axes(expert_axes, weight_shape(w_gate)[1:])   # (expert_embed axes, expert_mlp axes)
+    in_spec = _weight_specs(w_gate, expert_axes, fs[0], fs[1])
+    out_spec = _weight_specs(w_down, expert_axes, fs[1], fs[0])
 
     def fsdp_body(x, ids, wts, wg, wu, wd):
         wg, wu = (_gather_dims(w, fs[0], fs[1]) for w in (wg, wu))
@@ -223,10 +223,32 @@ def _weight_fsdp_axes(ep, dims) -> tuple:
     return tuple(out)
 
 
+def weight_shape(w) -> tuple:
+    """[E, X, Y] of an expert weight: a float array, or pre-quantized (pallas_kernels.QuantizedExperts)."""
+    return tuple(getattr(w, "values_GKN", w).shape)
+
+
+def _weight_specs(w, expert_axes, axes1, axes2):
+    """shard_map spec(s) of an [E, X, Y] expert weight split over expert_axes (dim 0), axes1 (dim 1)
+    and axes2 (dim 2); for a QuantizedExperts one per leaf (block scales [E, X/block, Y] like the
+    values, a channel scale [E, Y] without dim 1)."""
+    def spec(leaf):
+        if leaf.ndim == 2:
+            return P(spec_entry(expert_axes), spec_entry(axes2))
+        if axes1 and leaf.shape[1] % axes_size(axes1):
+            raise ConfigError(f"quantized expert scales of shape {leaf.shape} cannot be split over {axes1} "
+                              f"(expert_embed / expert_mlp FSDP in mesh.rules); map them to fewer axes")
+        return P(spec_entry(expert_axes), spec_entry(axes1), spec_entry(axes2))
+    return spec(w) if hasattr(w, "ndim") else jax.tree.map(spec, w)
+
+
 def _gather_dims(w, axes1, axes2):
-    """All-gather a local [E, X, Y] weight block over axes1 (dim 1) and axes2 (dim 2)."""
-    if axes1:
-        w = jax.lax.all_gather(w, axes1, axis=1, tiled=True)
-    if axes2:
-        w = jax.lax.all_gather(w, axes2, axis=2, tiled=True)
-    return w
+    """All-gather a local [E, X, Y] weight block over axes1 (dim 1) and axes2 (dim 2) (each leaf
+    of a QuantizedExperts: a channel scale [E, Y] over axes2)."""
+    def gather(leaf):
+        if axes1 and leaf.ndim == 3:
+            leaf = jax.lax.all_gather(leaf, axes1, axis=1, tiled=True)
+        if axes2:
+            leaf = jax.lax.all_gather(leaf, axes2, axis=leaf.ndim - 1, tiled=True)
+        return leaf
+    return gather(w) if hasattr(w, "ndim") else jax.tree.map(gather, w)

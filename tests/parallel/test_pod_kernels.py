@@ -1,6 +1,9 @@
 """The tiny pod config's TPU programs (v5p:2x2x2, FSDP x CP x EP), lowered ahead of time on this
-CPU machine, contain the Mosaic kernels c2jax.ops chooses for TPU: the grouped matmuls of the
-experts (forward, and dX / dW in the backward) and the decode attention."""
+CPU machine, contain the Mosaic kernels c2jax.ops chooses for TPU, counted per kernel: the grouped
+matmuls of the experts (forward, and dX / dW in the backward; their MXFP8 forms under quant),
+flash attention as the CP ranks' local attention (forward, dQ, dK/dV), and in the sampler's jitted
+decode chunk the grouped matmuls and (GQA) the decode attention kernel. One scanned MoE layer and
+one dense layer: a loop body's calls count once."""
 import os
 
 import pytest
@@ -14,6 +17,7 @@ from c2jax.parallel.mesh import make_mesh  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("no_persistent_cache")
 CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "pods", "tiny_v5p_8.py")
+FLASH = {"_fwd_kernel": 2, "_dq_kernel": 2, "_dkv_kernel": 2}     # both layers' attention
 
 
 @pytest.fixture(scope="module")
@@ -24,24 +28,37 @@ def devices():
         pytest.skip(f"no v5p topology: {e}")
 
 
-@pytest.mark.parametrize("quant", ["none", "mxfp8"])
-def test_train_step_runs_the_pallas_grouped_matmul(devices, quant):
-    cfg = load_config_file(CONFIG)
+def _gmm(quant: str, fwd: int, dw: int) -> dict:
+    q = "q" if quant != "none" else ""
+    return {f"_{q}gmm_kernel": fwd, **({f"_{q}tgmm_kernel": dw} if dw else {})}
+
+
+@pytest.mark.parametrize("attention,quant", [("mla", "none"), ("mla", "mxfp8"), ("gqa", "none")])
+def test_train_step_runs_flash_attention_and_the_grouped_matmul(devices, attention, quant):
+    cfg = load_config_file(f"{CONFIG}:{attention}")
     cfg.model.quant = quant
     mesh = make_mesh(cfg, devices)
     state = cc.abstract_train_state(cfg, mesh)
     with record_choices() as rec:
         text = cc.compile_train_step(cfg, mesh, state).as_text()
-    assert set(rec["experts"]) == {"pallas_gmm"}
+    assert set(rec["experts"]) == {"pallas_gmm"} and set(rec["attention"]) == {"pallas_flash"}
     assert rec["optimizer"] == {"optax_adamw": 1}
-    # one scanned MoE layer: gate, up, down forward + dX (gmm) and dW (tgmm) for each = 9
-    assert text.count("tpu_custom_call") == 9
+    # gate, up, down forward + their dX (gmm) and dW (tgmm)
+    assert cc.mosaic_kernels(text) == {**FLASH, **_gmm(quant, 6, 3)}
 
 
-def test_decode_step_runs_the_pallas_grouped_matmul(devices):
-    cfg = load_config_file(CONFIG)
+@pytest.mark.parametrize("attention,quant", [("mla", "none"), ("mla", "mxfp8"), ("gqa", "none")])
+def test_sampler_decode_chunk_runs_the_mosaic_kernels(devices, attention, quant):
+    cfg = load_config_file(f"{CONFIG}:{attention}")
+    cfg.model.quant = quant
     pod = cc.pod_cfg(cfg)
     dcfg = cc._decode_cfg(cfg, pod.decode_mesh_shape, pod.decode_batch)
     lowered, _, kernels = cc.compile_decode_step(dcfg, devices, pod.decode_batch, pod.decode_len)
     assert set(kernels["experts"]) == {"pallas_gmm"}
-    assert lowered.as_text().count("tpu_custom_call") == 3    # gate, up, down of the one MoE layer
+    text = lowered.as_text()
+    assert "stablehlo.while" in text   # the chunk's on-device loop, not a single forward
+    want = _gmm(quant, 3, 0)
+    if attention == "gqa":   # MLA decode runs the absorbed latent attention in XLA
+        want["_decode_kernel"] = 2
+        assert set(kernels["decode_attention"]) == {"pallas"}
+    assert cc.mosaic_kernels(text) == want
