@@ -204,9 +204,11 @@ def _kernels(model_json: str, S: int, B: int, split: bool = False):
 
 
 def decode_program(model_cfg, max_len: int, max_batch: int):
-    """The sampler's jitted decode chunk for the scanned model (the form accelerators run):
-    decode(params, cache, state, min_live, C=32, use_filter=True) -> (cache, state, steps, buffers)."""
-    return _kernels(model_cfg.to_json(), int(max_len), int(max_batch))[1]
+    """A new instance of the sampler's jitted decode chunk for the scanned model (the form
+    accelerators run): decode(params, cache, state, min_live, C=32, use_filter=True) -> (cache,
+    state, steps, buffers). New, not the Sampler's cached one, so lowering it traces the model (and
+    records the kernel choices) every time."""
+    return _kernels.__wrapped__(model_cfg.to_json(), int(max_len), int(max_batch))[1]
 
 
 SPAN_MIN = 128   # smallest attention span of a decode chunk (spans double up to the cache size)
