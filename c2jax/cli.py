@@ -33,6 +33,8 @@ def _parse(argv):
     parser.add_argument("--workdir", default=None, help="run directory")
     parser.add_argument("--topology", default=None,
                         help="compile-check: TPU topology, e.g. v5p:4x4x4 (default: the config's pod.topology)")
+    parser.add_argument("--report", default=None,
+                        help="compile-check: also write the report (JSON, with the date and the command) here")
     parser.add_argument("--quick", action="store_true", help="demo: a shorter run (CI smoke)")
     parser.add_argument("--launch-commands", action="store_true", help="sweep: print one command per point")
     args, rest = parser.parse_known_args(argv)
@@ -117,8 +119,11 @@ def main(argv=None) -> int:
             print(json.dumps(run_rl(cfg, workdir), indent=2, default=str))
             return 0
         if args.command == "compile-check":
-            from c2jax.parallel.compile_check import check
-            check(cfg, args.topology)  # prints the report; raises ConfigError naming the fix
+            from c2jax.parallel.compile_check import check, main as compile_report, write_report
+            report = compile_report(cfg, args.topology)
+            if args.report:
+                write_report(report, args.report, argv if argv is not None else sys.argv[1:])
+            check(cfg, args.topology, report)  # prints the report; raises ConfigError naming the fix
             return 0
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)

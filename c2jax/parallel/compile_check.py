@@ -395,6 +395,26 @@ def format_report(r: dict) -> str:
     return "\n".join(out)
 
 
+def write_report(report: dict, path: str, argv) -> None:
+    """The report as JSON at `path`, with the UTC date, the command line, jax and libtpu versions."""
+    import datetime
+    import importlib.metadata
+    import json
+    import os
+
+    def version(pkg):
+        try:
+            return importlib.metadata.version(pkg)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+    out = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+           "command": "python -m c2jax " + " ".join(argv), "jax": jax.__version__, "libtpu": version("libtpu"),
+           **report}
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(out, f, indent=1, default=str)
+
+
 def check(cfg, topology: str | None = None, report: dict | None = None) -> dict:
     """main + print; raises ConfigError naming what to change when the config does not fit."""
     report = report or main(cfg, topology)
