@@ -77,7 +77,7 @@ def model_defaults() -> ml_collections.ConfigDict:
 
 
 # The ops the model calls through c2jax.ops, each chosen by model.kernels.<op>.
-KERNEL_OPS = ("attention", "decode_attention", "experts", "matmul", "norm", "token_nll")
+KERNEL_OPS = ("attention", "decode_attention", "mla_cache_attention", "experts", "matmul", "norm", "token_nll")
 
 
 def kernels_defaults() -> ml_collections.ConfigDict:

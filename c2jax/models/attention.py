@@ -134,8 +134,8 @@ class MLAAttention(nn.Module):
             new_cache = {"latent": write_cache(cache["latent"], latent_BLC, positions_BL),
                          "k_rope": write_cache(cache["k_rope"], k_rope_BLR, positions_BL)}
             S = self.span or new_cache["latent"].shape[1]
-            out = mla_absorbed_attention(q_nope, q_rope, new_cache["latent"][:, :S], new_cache["k_rope"][:, :S],
-                                         kv_b_CHX, positions_BL, scale, dt)
+            out = attention_ops.mla_cache_attention(kn, q_nope, q_rope, new_cache["latent"][:, :S],
+                                                    new_cache["k_rope"][:, :S], kv_b_CHX, positions_BL, scale, dt)
         out = nn.with_logical_constraint(out, ("batch", "length", "heads", "head_dim"))
         return Linear(m.hidden_size, ("heads", "embed"), name="o_proj", **kw)(
             out.reshape(B, L, H * O)), new_cache

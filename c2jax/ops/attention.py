@@ -27,6 +27,8 @@ ATTENTION = define_op("attention", {
     "cpu": ("cpu_ffi", "xla_blocked"),
     "gpu": ("xla_blocked",),
 })
+# MLA with a latent cache (prefill and decode): the up-projection absorbed into query and output
+MLA_CACHE_ATTENTION = define_op("mla_cache_attention", {"*": ("xla_absorbed",)})
 DECODE_ATTENTION = define_op("decode_attention", {
     "tpu": ("pallas", "xla"),
     # XLA CPU copies each layer's K/V cache transposed for the batched-matmul form at every step
@@ -204,6 +206,17 @@ def decode_attention(kernels, q_BLHP, k_BSGP, v_BSGO, positions_BL, scale: float
     target = current_target()
     impl = DECODE_ATTENTION.select(kernels_choice(kernels, "decode_attention"), target, L=q_BLHP.shape[1])
     return _run(impl, target, scale, q_BLHP, k_BSGP, v_BSGO, positions_BL)
+
+
+MLA_CACHE_ATTENTION.register("xla_absorbed", doc="XLA: queries absorbed into the latent space, no per-head K/V")(
+    xla.mla_absorbed_attention)
+
+
+def mla_cache_attention(kernels, q_nope_BLHN, q_rope_BLHR, latent_BSC, k_rope_BSR, kv_b_CHX, positions_BL,
+                        scale: float, dtype):
+    """MLA queries against a latent cache (slot index == position) -> [B, L, H, O]."""
+    impl = MLA_CACHE_ATTENTION.select(kernels_choice(kernels, "mla_cache_attention"), current_target())
+    return impl.fn(q_nope_BLHN, q_rope_BLHR, latent_BSC, k_rope_BSR, kv_b_CHX, positions_BL, scale, dtype)
 
 
 def write_cache(cache_BS_, new_BL_, positions_BL):

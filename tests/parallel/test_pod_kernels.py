@@ -58,7 +58,9 @@ def test_sampler_decode_chunk_runs_the_mosaic_kernels(devices, attention, quant)
     text = lowered.as_text()
     assert "stablehlo.while" in text   # the chunk's on-device loop, not a single forward
     want = _gmm(quant, 3, 0)
-    if attention == "gqa":   # MLA decode runs the absorbed latent attention in XLA
+    if attention == "gqa":
         want["_decode_kernel"] = 2
         assert set(kernels["decode_attention"]) == {"pallas"}
+    else:   # MLA decode runs the absorbed latent attention in XLA (no Mosaic form yet)
+        assert set(kernels["mla_cache_attention"]) == {"xla_absorbed"}
     assert cc.mosaic_kernels(text) == want
