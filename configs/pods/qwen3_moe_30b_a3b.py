@@ -3,8 +3,9 @@ TPU v5p-128 slice (topology v5p:4x4x4 = 64 chips). Why 64 chips: 30.5B params x 
 training state = 0.5 TB, ~8 GB per chip, which leaves most of the 95 GB for 32K-token rows
 (RL rollouts are long); it is the smallest v5p slice with a 3-D torus on every axis.
 
-Layout: FSDP 8 x data 4 x CP 2 (GQA ring attention), EP 8 = data 4 x context 2, 32K-token rows,
-32 rows (1M tokens) per step.
+Layout: FSDP 8 x data 4 x CP 2, EP 8 = data 4 x context 2, 32K-token rows, 32 rows (1M tokens)
+per step. CP all-gathers K/V and each rank runs the Pallas flash kernel on its zigzag queries
+(O(L) memory); `:ring` rotates K/V blocks around the ring with XLA's online softmax instead.
 
     python -m c2jax compile-check --config configs/pods/qwen3_moe_30b_a3b.py --topology v5p:4x4x4
 """
@@ -23,7 +24,9 @@ def get_config(arg=None):
     cfg.model.moe_dispatch = "dropless"
     cfg.model.remat = "full"
     cfg.mesh.shape = (4, 8, 2, 1)
-    cfg.mesh.cp_impl = arg or "ring"
+    if arg not in (None, "", "allgather", "ring"):
+        raise ValueError(f"qwen3_moe_30b_a3b pod variants: 'allgather' (default) or 'ring', got {arg!r}")
+    cfg.mesh.cp_impl = arg or "allgather"
     cfg.mesh.attention_chunk = 2048
     cfg.mesh.ep_capacity_factor = 2.0
     cfg.mesh.rules = tuple((n, {"embed": ("fsdp", "context"), "experts": ("data", "context"),
