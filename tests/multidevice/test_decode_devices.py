@@ -115,7 +115,7 @@ def _generate(cfg, params, n, swap=None):
 @pytest.mark.parametrize("preset,n,layout", [("configs/tiny.py", 2, "packed"), ("configs/tiny.py", 4, "packed"),
                                              ("configs/tiny.py:mla", 2, "packed"), ("configs/tiny.py:mla", 4, "packed"),
                                              ("configs/tiny.py", 2, "split"), ("configs/tiny.py:mla", 4, "split")])
-def test_sampler_over_devices_matches_one_device(preset, n, layout, monkeypatch):
+def test_sampler_over_devices_matches_one_device(preset, n, layout, monkeypatch, wide_cpu_kernels):
     """Greedy and sampled tokens, expert ids and policy versions equal one device's (a weight swap
     mid-generation included); behaviour logprobs agree to float32 rounding. Experts as the CPU
     kernel's PackedExperts (the default here) and as ShardedExperts (kernel off)."""
