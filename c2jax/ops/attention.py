@@ -81,14 +81,16 @@ def _cpu_ffi(q, k, v, positions_BL, segment_ids_BL, scale):
     return cpu_attention.causal_attention(q, k, v, positions_BL, segment_ids_BL, scale).astype(q.dtype)
 
 
+def _flash_call(impl: str, q, k, v, scale, **masks):
+    """pallas_kernels.flash_attention (causal) on [B, L, H, P]-layout operands -> [B, L, H, O]."""
+    import pallas_kernels
+    t = lambda x: x.transpose(0, 2, 1, 3)  # noqa: E731
+    return t(pallas_kernels.flash_attention(t(q), t(k), t(v), causal=True, sm_scale=scale, impl=impl, **masks))
+
+
 def _flash(impl: str):
-    def run(q, k, v, positions_BL, segment_ids_BL, scale):
-        import pallas_kernels
-        out = pallas_kernels.flash_attention(
-            q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3),
-            segment_ids_BL=segment_ids_BL, causal=True, sm_scale=scale, impl=impl)
-        return out.transpose(0, 2, 1, 3)
-    return run
+    return lambda q, k, v, positions_BL, segment_ids_BL, scale: _flash_call(
+        impl, q, k, v, scale, segment_ids_BL=segment_ids_BL)
 
 
 ATTENTION.register("pallas_flash", _flash_ok, doc="Pallas Mosaic flash attention, forward and backward")(_flash("pallas"))
@@ -99,14 +101,9 @@ ATTENTION.register("pallas_flash_interpret", _flash_cp_ok,
 def _flash_gathered(impl: str):
     """Local queries [b, Lc, H, P] against gathered keys [b, S, G, P]: the flash kernel with the
     queries' and keys' own positions and segments (zigzag order needs no special case)."""
-    def run(q, k_S, v_S, pos, pos_S, seg, seg_S, scale):
-        import pallas_kernels
-        out = pallas_kernels.flash_attention(
-            q.transpose(0, 2, 1, 3), k_S.transpose(0, 2, 1, 3), v_S.transpose(0, 2, 1, 3),
-            q_segment_ids_BL=seg, kv_segment_ids_BS=seg_S, q_positions_BL=pos, kv_positions_BS=pos_S,
-            causal=True, sm_scale=scale, impl=impl)
-        return out.transpose(0, 2, 1, 3)
-    return run
+    return lambda q, k_S, v_S, pos, pos_S, seg, seg_S, scale: _flash_call(
+        impl, q, k_S, v_S, scale, q_segment_ids_BL=seg, kv_segment_ids_BS=seg_S, q_positions_BL=pos,
+        kv_positions_BS=pos_S)
 
 
 # the local attention each implementation runs under context parallelism (others: XLA's masked product)

@@ -194,27 +194,6 @@ def _decode_cfg(cfg, shape, batch: int):
     return d
 
 
-def _quantized_shardings(qparams, float_shardings, mesh):
-    """Shardings of the sampler's pre-quantized params: each quantized container's values and
-    scales take their float weight's spec (a scale missing the contraction dim drops that entry;
-    a dim the mesh axes do not divide stays whole)."""
-    import pallas_kernels as pk
-    is_q = lambda x: isinstance(x, (pk.QuantizedWeight, pk.QuantizedExperts))  # noqa: E731
-
-    def spec_for(leaf, spec):
-        spec = tuple(spec) + (None,) * (len(leaf.shape) - len(spec))
-        if len(spec) > len(leaf.shape):          # channel scale [.., N]: no contraction dim
-            spec = spec[:-2] + spec[-1:]
-        size = lambda e: math.prod(mesh.shape[a] for a in ((e,) if isinstance(e, str) else e))  # noqa: E731
-        return P(*(e if e is None or d % size(e) == 0 else None for e, d in zip(spec, leaf.shape)))
-
-    def one(q, sh):
-        if not is_q(q):
-            return sh
-        return jax.tree.map(lambda leaf: NamedSharding(mesh, spec_for(leaf, sh.spec)), q)
-    return jax.tree.map(one, qparams, float_shardings, is_leaf=is_q)
-
-
 def compile_decode_step(cfg, devices, batch: int, cache_len: int, chunk: int = 32):
     """Lower the sampler's jitted decode chunk (`chunk` steps) on the decode mesh; returns
     (Lowered, decode mesh, {op: {implementation: call sites}} traced)."""
@@ -230,7 +209,7 @@ def compile_decode_step(cfg, devices, batch: int, cache_len: int, chunk: int = 3
     params = _abstract(abstract_params(m), p_sh)
     if m.quant != "none":    # the sampler's storage (quant_scope "experts")
         qparams = jax.eval_shape(lambda p: quantized.quantize_params(p, m.quant, "experts"), params)
-        params = _abstract(qparams, _quantized_shardings(qparams, p_sh, mesh))
+        params = _abstract(qparams, quantized.quantized_shardings(qparams, p_sh, mesh))
     cache_shapes = jax.eval_shape(lambda: init_cache(m, batch, cache_len))
     with activate(cfg, mesh):
         b_spec = logical_to_mesh_spec(P("batch"), cfg, mesh)[0]

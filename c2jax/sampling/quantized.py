@@ -22,10 +22,13 @@ Letters: Y stacked layers, E experts, K contraction dim, N output dim.
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import pallas_kernels as pk
 from pallas_kernels.qmatmul.reference import block_of
@@ -107,3 +110,23 @@ def param_bytes(params) -> int:
         bits = 4 if dt == jnp.float4_e2m1fn else 8 * dt.itemsize
         total += int(np.prod(x.shape)) * bits // 8
     return total
+
+
+def quantized_shardings(qparams, float_shardings, mesh):
+    """Shardings of the sampler's pre-quantized params: each quantized container's values and
+    scales take their float weight's spec (a scale missing the contraction dim drops that entry;
+    a dim the mesh axes do not divide stays whole)."""
+    is_q = lambda x: isinstance(x, (pk.QuantizedWeight, pk.QuantizedExperts))  # noqa: E731
+
+    def spec_for(leaf, spec):
+        spec = tuple(spec) + (None,) * (len(leaf.shape) - len(spec))
+        if len(spec) > len(leaf.shape):          # channel scale [.., N]: no contraction dim
+            spec = spec[:-2] + spec[-1:]
+        size = lambda e: math.prod(mesh.shape[a] for a in ((e,) if isinstance(e, str) else e))  # noqa: E731
+        return P(*(e if e is None or d % size(e) == 0 else None for e, d in zip(spec, leaf.shape)))
+
+    def one(q, sh):
+        if not is_q(q):
+            return sh
+        return jax.tree.map(lambda leaf: NamedSharding(mesh, spec_for(leaf, sh.spec)), q)
+    return jax.tree.map(one, qparams, float_shardings, is_leaf=is_q)

@@ -35,8 +35,7 @@ def test_prequantized_experts_under_expert_parallelism_match_single_device(quant
     through the EP shard_map, expert weights FSDP-sharded over fsdp and gathered inside it, equals
     the same mesh's forward on float weights quantized on the fly (and, for MXFP8, whose token
     all-to-all is exact, the single-device forward; int8 rows travel as MXFP8 under EP)."""
-    from c2jax.parallel.compile_check import _quantized_shardings
-    from c2jax.sampling.quantized import quantize_params
+    from c2jax.sampling.quantized import quantize_params, quantized_shardings
     cfg = default_config()
     cfg.model.moe_dispatch = "dropless"
     cfg.model.quant = quant
@@ -48,7 +47,7 @@ def test_prequantized_experts_under_expert_parallelism_match_single_device(quant
     tokens = jax.random.randint(jax.random.key(1), (8, 16), 0, cfg.model.vocab_size)
     mesh = make_mesh(cfg)
     float_shardings = param_shardings(cfg, mesh)
-    sharded = jax.device_put(params, _quantized_shardings(params, float_shardings, mesh))
+    sharded = jax.device_put(params, quantized_shardings(params, float_shardings, mesh))
     w = sharded["moe_layers"]["block"]["moe"]["w_gate"]
     assert len(w.values_GKN.sharding.device_set) == 8 and w.values_GKN.sharding.spec[2] == "fsdp"
     fwd = jax.jit(lambda p, t: c2jax.models.forward(cfg, p, t))
