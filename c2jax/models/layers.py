@@ -9,6 +9,7 @@ import math
 import flax.linen as nn
 import jax.numpy as jnp
 
+from c2jax.models.prepared import prepared_weight
 from c2jax.ops import layers as ops_layers
 from c2jax.ops.layers import cpu_product, rms_norm, rotate  # noqa: F401  (re-exported)
 
@@ -52,8 +53,8 @@ class LinearWeights(Linear):
 
 
 def _linear_params(mod, in_features: int):
-    pre = mod.get_variable("params", "kernel") if mod.has_variable("params", "kernel") else None
-    if not _prepared(pre):
+    pre = prepared_weight(mod, "kernel")   # pre-quantized or packed by the sampler (c2jax.models.prepared)
+    if pre is None:
         pre = mod.param("kernel", nn.with_logical_partitioning(nn.initializers.normal(mod.init_std), mod.axes),
                         (in_features, mod.features), mod.param_dtype)
     bias = None
@@ -61,11 +62,6 @@ def _linear_params(mod, in_features: int):
         bias = mod.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, mod.axes[1:]),
                          (mod.features,), mod.param_dtype)
     return pre, bias
-
-
-def _prepared(w) -> bool:
-    """A weight in a decode layout (pre-quantized or packed by the sampler), not a plain array."""
-    return w is not None and not isinstance(w, nn.meta.AxisMetadata) and not hasattr(w, "ndim")
 
 
 def fused_linears(x, weights, dtype, kernels=None):

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from c2jax.models.layers import MLP, dtype_of, kernels_of
+from c2jax.models.prepared import prepared_weight
 from c2jax.ops import experts as experts_ops
 from c2jax.ops.experts_xla import (ShardedExperts, block_dispatch, capacity_dispatch,  # noqa: F401  (re-exported)
                                    ffn_column_split, gather_dispatch, grouped_dispatch, shard_experts, sort_assignments,
@@ -104,12 +105,11 @@ def make_dropless(m) -> None:
 
 
 def _expert_weight(mod, name, init, axes, shape, pdt, dt):
-    """A float expert weight param, or the pre-quantized QuantizedExperts stored under its name
-    (c2jax.sampling.quantized: gmm reads the quantized values directly)."""
-    if mod.has_variable("params", name):
-        w = mod.get_variable("params", name)
-        if hasattr(w, "values_GKN"):
-            return w
+    """A float expert weight param, or the weight stored prepared under its name (the sampler's
+    pre-quantized QuantizedExperts: gmm reads the quantized values directly)."""
+    w = prepared_weight(mod, name)
+    if w is not None:
+        return w
     return mod.param(name, nn.with_logical_partitioning(init, axes), shape, pdt).astype(dt)
 
 
@@ -138,10 +138,10 @@ class MoE(nn.Module):
         forced = None if forced_ids_BLK is None else forced_ids_BLK.reshape(B * L, K)
         ids_TK, weights_TK, scores_TE, replaced_TK = select_experts(logits_TE, bias, m, forced)
         x_TD = x_TD.astype(dt)
-        if self.has_variable("params", "experts"):
+        experts = prepared_weight(self, "experts")
+        if experts is not None:
             # per-expert weight buffers stored by c2jax.sampling.unrolled (the CPU decode path)
-            y_TD, dropped = experts_ops.decode_layout_experts(x_TD, ids_TK, weights_TK,
-                                                             self.get_variable("params", "experts"))
+            y_TD, dropped = experts_ops.decode_layout_experts(x_TD, ids_TK, weights_TK, experts)
         else:
             y_TD, dropped = self._dispatch(x_TD, ids_TK, weights_TK, B, L, stacked)
         y_BLD = y_TD.reshape(B, L, D)

@@ -19,6 +19,7 @@ from c2jax.ops.attention_xla import DECODE_MAX_QUERIES
 from c2jax.parallel import context as cpx
 from c2jax.models.layers import MLP, Linear, RMSNorm, dtype_of, kernels_of
 from c2jax.models.moe import MoE, make_dropless
+from c2jax.models.prepared import PREPARED, variables
 from c2jax.parallel.embed import embed_lookup
 
 
@@ -90,7 +91,7 @@ class ScanBody(nn.Module):
 
 def _stack(cfg, moe: bool, n: int, name: str):
     return nn.scan(
-        ScanBody, variable_axes={"params": 0}, split_rngs={"params": True},
+        ScanBody, variable_axes={"params": 0, PREPARED: 0}, split_rngs={"params": True},
         in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast), length=n, unroll=min(cfg.scan_unroll, n),
         metadata_params={nn.PARTITION_NAME: "layers"},
     )(cfg, moe, name=name)
@@ -201,15 +202,13 @@ class Transformer(nn.Module):
     def _expert_stacks(self):
         """The MoE layers' stacked (w_gate, w_up, w_down) params, for the CPU expert kernel to read
         a layer in place (cpu_moe.LayerExperts); None at init, when the layers compute in another
-        dtype than the params (they use cast copies), or when they are not plain arrays."""
+        dtype than the params (they use cast copies), or when they are stored prepared."""
         m = self.cfg
         if self.is_initializing() or dtype_of(m.dtype) != dtype_of(m.param_dtype):
             return None
         moe = self.variables.get("params", {}).get(SCANNED_STACKS[1], {}).get("block", {}).get("moe", {})
         ws = tuple(moe.get(k) for k in ("w_gate", "w_up", "w_down"))
-        if not all(isinstance(w, jax.Array) and w.ndim == 4 for w in ws):
-            return None   # absent, or pre-quantized (c2jax.sampling.quantized)
-        return ws
+        return ws if all(w is not None for w in ws) else None   # absent: stored prepared
 
 
 # ----------------------------------------------------------------------------- functional API
@@ -269,6 +268,7 @@ def dropless(m):
 def forward(cfg, params, tokens_BL, positions_BL=None, segment_ids_BL=None, *,
             forced_expert_ids=None, return_aux: bool = False, head: bool = True, train_dispatch: bool = False):
     """Logits float32 [B, L, V] for int32 tokens [B, L]; with return_aux a ForwardOutput.
+    params: the params dict, or c2jax.models.prepared.Weights (some weights stored prepared).
 
     forced_expert_ids: int [N_moe, B, L, K] replays recorded routing (router replay).
     head=False: the final-normed hidden states [B, L, D] in place of the logits and no MTP heads,
@@ -277,7 +277,7 @@ def forward(cfg, params, tokens_BL, positions_BL=None, segment_ids_BL=None, *,
     m = model_cfg(cfg) if train_dispatch else dropless(model_cfg(cfg))
     tokens_BL = jnp.asarray(tokens_BL, jnp.int32)
     positions_BL, segment_ids_BL = _defaults(tokens_BL, positions_BL, segment_ids_BL)
-    logits, aux, _ = Transformer(m).apply({"params": params}, tokens_BL, positions_BL, segment_ids_BL,
+    logits, aux, _ = Transformer(m).apply(variables(params), tokens_BL, positions_BL, segment_ids_BL,
                                           forced_expert_ids, cache={}, head=head)
     if return_aux:
         return ForwardOutput(logits, aux)
@@ -312,7 +312,7 @@ def forward_with_cache(cfg, params, tokens_BL, positions_BL, cache, *, forced_ex
     tokens_BL = jnp.asarray(tokens_BL, jnp.int32)
     positions_BL = jnp.asarray(positions_BL, jnp.int32)
     seg = jnp.ones_like(tokens_BL)
-    logits, aux, new_cache = Transformer(m).apply({"params": params}, tokens_BL, positions_BL, seg,
+    logits, aux, new_cache = Transformer(m).apply(variables(params), tokens_BL, positions_BL, seg,
                                                   forced_expert_ids, cache=cache)
     return ForwardOutput(logits, aux, new_cache)
 
@@ -328,7 +328,7 @@ def forward_with_cache_hidden(cfg, params, tokens_BL, positions_BL, cache):
     m = dropless(model_cfg(cfg))
     tokens_BL = jnp.asarray(tokens_BL, jnp.int32)
     (logits, aux, new_cache), inter = Transformer(m).apply(
-        {"params": params}, tokens_BL, jnp.asarray(positions_BL, jnp.int32), jnp.ones_like(tokens_BL), None,
+        variables(params), tokens_BL, jnp.asarray(positions_BL, jnp.int32), jnp.ones_like(tokens_BL), None,
         cache=cache, mutable=["intermediates"])
     return ForwardOutput(logits, aux, new_cache), inter["intermediates"]["hidden"][0]
 
@@ -339,7 +339,7 @@ def mtp_forward_with_cache(cfg, params, depth: int, h_BLD, ahead_BL, positions_B
     m = dropless(model_cfg(cfg))
     if not 1 <= depth <= m.num_mtp_layers:
         raise ValueError(f"MTP depth {depth} out of range: model.num_mtp_layers={m.num_mtp_layers}")
-    return MTPStep(m, depth).apply({"params": params}, h_BLD, jnp.asarray(ahead_BL, jnp.int32),
+    return MTPStep(m, depth).apply(variables(params), h_BLD, jnp.asarray(ahead_BL, jnp.int32),
                                    jnp.asarray(positions_BL, jnp.int32), cache)
 
 

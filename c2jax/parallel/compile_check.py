@@ -200,6 +200,7 @@ def compile_decode_step(cfg, devices, batch: int, cache_len: int, chunk: int = 3
     from c2jax.models import abstract_params, init_cache, param_shardings
     from c2jax.parallel.mesh import activate, logical_to_mesh_spec, make_mesh
     from c2jax.sampling import quantized
+    from c2jax.sampling.decode_weights import DecodeWeights
     from c2jax.sampling.engine import decode_program, sampler_model_cfg
     from c2jax.sampling.rows import init_row_state
     mesh = make_mesh(cfg, devices)
@@ -210,6 +211,7 @@ def compile_decode_step(cfg, devices, batch: int, cache_len: int, chunk: int = 3
     if m.quant != "none":    # the sampler's storage (quant_scope "experts")
         qparams = jax.eval_shape(lambda p: quantized.quantize_params(p, m.quant, "experts"), params)
         params = _abstract(qparams, quantized.quantized_shardings(qparams, p_sh, mesh))
+    weights = DecodeWeights(params, None, "quantized" if m.quant != "none" else "float")
     cache_shapes = jax.eval_shape(lambda: init_cache(m, batch, cache_len))
     with activate(cfg, mesh):
         b_spec = logical_to_mesh_spec(P("batch"), cfg, mesh)[0]
@@ -225,7 +227,7 @@ def compile_decode_step(cfg, devices, batch: int, cache_len: int, chunk: int = 3
         min_live = jax.ShapeDtypeStruct((), jnp.int32, sharding=NamedSharding(mesh, P()))
         decode = decode_program(m, cache_len, batch)
         with record_choices() as kernels:
-            lowered = decode.lower(params, cache, state, min_live, C=chunk)
+            lowered = decode.lower(weights, cache, state, min_live, C=chunk)
         return lowered, mesh, kernels
 
 

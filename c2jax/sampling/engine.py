@@ -42,6 +42,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from c2jax.models import transformer as tfm
+from c2jax.sampling import decode_weights
 from c2jax.sampling import logits as lg
 from c2jax.sampling import unrolled
 from c2jax.sampling.rows import (
@@ -124,21 +125,16 @@ _write_rows = jax.jit(write_rows, donate_argnums=(0, 1))
 
 
 @functools.lru_cache(maxsize=32)
-def _kernels(model_json: str, S: int, B: int, split: bool = False):
+def _kernels(model_json: str, S: int, B: int):
     """(prefill, decode, N). prefill runs the b source rows' cache windows alone (the caller
-    gathers them and writes the new ones back: Sampler._run_prefill). With split, decode takes
-    unrolled.split_params and runs unrolled.decode_step (per-layer weights and caches); prefill
-    always takes the model's params."""
+    gathers them and writes the new ones back: Sampler._run_prefill) on the model weights
+    (DecodeWeights.model); decode takes the DecodeWeights and runs decode_weights.decode_step
+    (with split weights, per-layer caches)."""
     m = ml_collections.ConfigDict(json.loads(model_json))
     _, N = tfm.layer_counts(m)
 
     def model_step(params, tokens, positions, cache):
         return tfm.forward_with_cache(m, params, tokens, positions, cache)
-
-    def decode_step(params, tokens, positions, cache, span=None):
-        if split:
-            return unrolled.decode_step(m, params, tokens, positions, cache, span)
-        return model_step(params, tokens, positions, cache)
 
     @functools.partial(jax.jit, static_argnames=("use_filter",))
     def prefill(params, src_win, tokens_bL, start_b, len_b, dest_src_M, seed_M, rid_M, sidx_M, max_new_M,
@@ -155,12 +151,12 @@ def _kernels(model_json: str, S: int, B: int, split: bool = False):
         return jax.tree.map(lambda c: c[:, :, :P], new_rows), upd, outs
 
     @functools.partial(jax.jit, donate_argnums=(1, 2), static_argnames=("C", "use_filter", "span"))
-    def decode(params, cache, state, min_live, C=32, use_filter=True, span=None):
+    def decode(weights, cache, state, min_live, C=32, use_filter=True, span=None):
         """Up to C decode steps on device; stops early when fewer than min_live rows are live
         (the host then refills freed slots) or when none is. span (split decode): attention reads
         cache slots [0, span) only (decode cost follows the rows' lengths, not S); the loop also
         stops before a live row's position reaches span."""
-        span = span if split and span is not None and span < S else None
+        span = span if weights.split is not None and span is not None and span < S else None
         K = m.num_experts_per_tok
         bufs = {"tok": jnp.full((C, B), -1, jnp.int32), "lp": jnp.zeros((C, B), jnp.float32),
                     "raw": jnp.zeros((C, B), jnp.float32), "gen": jnp.zeros((C, B), bool),
@@ -179,7 +175,7 @@ def _kernels(model_json: str, S: int, B: int, split: bool = False):
         def body(carry):
             i, cache, st, bufs = carry
             positions = jnp.where(st.live, st.pos, S)[:, None]
-            out = decode_step(params, st.cur[:, None], positions, cache, span)
+            out = decode_weights.decode_step(m, weights, st.cur[:, None], positions, cache, span)
             gen = st.live & ~st.done
             tok, lp, raw = lg.select_tokens(out.logits[:, 0], lg.step_keys(st.key, st.ngen),
                                             st.temp, st.top_k, st.top_p, use_filter)
@@ -205,7 +201,7 @@ def _kernels(model_json: str, S: int, B: int, split: bool = False):
 
 def decode_program(model_cfg, max_len: int, max_batch: int):
     """A new instance of the sampler's jitted decode chunk for the scanned model (the form
-    accelerators run): decode(params, cache, state, min_live, C=32, use_filter=True) -> (cache,
+    accelerators run): decode(weights, cache, state, min_live, C=32, use_filter=True) -> (cache,
     state, steps, buffers). New, not the Sampler's cached one, so lowering it traces the model (and
     records the kernel choices) every time."""
     return _kernels.__wrapped__(model_cfg.to_json(), int(max_len), int(max_batch))[1]
@@ -279,7 +275,7 @@ class Sampler:
     39 ms for batch 8 x 512 positions of the 89M model and 0.87 s for 32 x 1024). Same math as one device (float sums may differ in
     the last bits).
 
-    Attributes: version (current policy version), prefill_tokens (tokens run through
+    Attributes: weights (decode_weights.DecodeWeights: the layouts decode reads), version (current policy version), prefill_tokens (tokens run through
     prefill, counted once per shared group), prefill_calls, decode_steps, generated_tokens,
     spec_drafted / spec_accepted (MTP draft tokens proposed / accepted).
     """
@@ -306,11 +302,9 @@ class Sampler:
             raise ValueError(f"decode_devices={decode_devices} needs the split decode step (split_decode=True; "
                              f"not available for {why_not or 'split_decode=False'})")
         self._mesh = unrolled.decode_mesh(int(decode_devices))
-        self._prefill, self._decode, self.num_moe_layers = _kernels(self.model_cfg.to_json(), self.S, self.B,
-                                                                    self.split_decode)
+        self._prefill, self._decode, self.num_moe_layers = _kernels(self.model_cfg.to_json(), self.S, self.B)
         self.quant_scope = quant_scope if self.model_cfg.quant != "none" else "none"
-        self.params = self._storage(params)
-        self._decode_params = self._decode_view(self.params)
+        self.weights = self._prepare(params)
         self.version = int(version)
         self.cache = tfm.init_cache(self.model_cfg, self.B, self.S, cache_dtype)
         self.cache = jax.tree.map(lambda a: jnp.array(a), self.cache)  # materialize (init broadcasts)
@@ -347,19 +341,14 @@ class Sampler:
     def swap_params(self, params, version: int) -> None:
         """New weights for every later decode chunk / prefill; caches and live rows are kept.
         With quantized storage the new weights are quantized once, here."""
-        params = self._storage(params)
-        decode_params = self._decode_view(params)
+        weights = self._prepare(params)
         with self._lock:
-            self.params, self._decode_params = params, decode_params
+            self.weights = weights
             self.version = int(version)
 
-    def _decode_view(self, params):
-        return unrolled.split_params(self.model_cfg, params, self._mesh) if self.split_decode else params
-
-    def _storage(self, params):
-        from c2jax.sampling import quantized
-        return quantized.quantize_params(params, self.model_cfg.quant, self.quant_scope) \
-            if self.quant_scope != "none" else params
+    def _prepare(self, params) -> decode_weights.DecodeWeights:
+        return decode_weights.prepare(self.model_cfg, params, quant_scope=self.quant_scope,
+                                      split_decode=self.split_decode, mesh=self._mesh)
 
     # -- requests
     def submit(self, request: Request) -> int:
@@ -485,7 +474,7 @@ class Sampler:
                 k += 1
         use_filter = any(g.req.top_k > 0 or g.req.top_p < 1.0 for g, *_ in batch)
         with self._lock:
-            params, version = self.params, self.version
+            params, version = self.weights.model, self.version
         if self.speculative == "mtp":   # its own fused kernel over the model and MTP caches
             self.cache, self.state, (tok, lp, raw, code, experts) = self._prefill(
                 params, self.cache, self.state, tokens, start_b, len_b, src_b, M["dest"], M["src"], M["seed"],
@@ -545,13 +534,13 @@ class Sampler:
         # with requests waiting, return as soon as a row frees its slot (continuous batching)
         min_live = n_live if self._waiting else 0
         with self._lock:
-            params, version = self._decode_params, self.version
+            weights, version = self.weights, self.version
         kw = {}
         if self.split_decode and self.speculative == "none":  # attend over the slots the rows can reach
             pos, live = jax.device_get((self.state.pos, self.state.live))
             top = int(pos[live].max()) if live.any() else 0
             kw["span"] = _bucket(top + self.chunk + 1, min(SPAN_MIN, self.S), self.S)
-        self.cache, self.state, n_steps, bufs = self._decode(params, self.cache, self.state, min_live,
+        self.cache, self.state, n_steps, bufs = self._decode(weights, self.cache, self.state, min_live,
                                                              C=self.chunk, use_filter=use_filter, **kw)
         # one batched transfer, sliced on the host (slicing on device would dispatch one op per
         # buffer and compile a new slice for every distinct n)

@@ -2,8 +2,8 @@
 storage (int8 / MXFP8 / NVFP4 values + scales), so each decode step reads the quantized bytes
 instead of quantizing (or reading) float weights every step.
 
-    qparams = quantize_params(params, "mxfp8", scope="all")
-    forward(cfg, qparams, tokens)          # the model reads the containers where it finds them
+    qweights = quantize_params(params, "mxfp8", scope="all")   # c2jax.models.Weights
+    forward(cfg, qweights, tokens)   # layers read their weight from qweights.prepared when it is there
 
 What is converted (everything else, embeddings, norms, router, router bias, MLA kv_b_proj, the
 output head, stays float):
@@ -14,8 +14,9 @@ output head, stays float):
            shared-expert MLPs, MTP eh_proj) -> pallas_kernels.QuantizedWeight, consumed by
            qmatmul in weight-only mode (activations bf16). Kernels whose contraction dim is not
            a multiple of the format's block are left float.
-Stacked layer axes are kept (the quantizers are vmapped over them), so the scanned layers slice
-the containers like any other param.
+The containers go to the prepared collection at their params' paths (c2jax.models.prepared),
+the float params stay in `params`. Stacked layer axes are kept (the quantizers are mapped over
+them), so the scanned layers slice the containers like any other weight.
 
 Letters: Y stacked layers, E experts, K contraction dim, N output dim.
 """
@@ -31,6 +32,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import pallas_kernels as pk
+from c2jax.models.prepared import Weights, separate
 from pallas_kernels.qmatmul.reference import block_of
 
 QUANTS = ("int8", "mxfp8", "nvfp4")
@@ -81,24 +83,25 @@ def _quantize_experts(w, quant: str, name: str):
 
 @functools.partial(jax.jit, static_argnames=("quant", "scope"))
 def _quantize_jit(params, quant, scope):
-    return _convert(params, quant, scope)
+    return separate(_convert(params, quant, scope))
 
 
-def quantize_params(params, quant: str, scope: str = "experts"):
-    """Quantized storage form of a model params tree (see the module docstring). scope 'none'
-    returns params unchanged. Jitted: call once per weight version (Sampler.swap_params does)."""
+def quantize_params(params, quant: str, scope: str = "experts") -> Weights:
+    """Quantized storage form of a model params tree (see the module docstring): Weights whose
+    prepared collection holds the quantized containers (scope 'none': none). Jitted: call once
+    per weight version (Sampler.swap_params does)."""
     _check(quant, scope)
-    if scope == "none":
-        return params
-    if is_quantized(params):
+    if isinstance(params, Weights) or is_quantized(params):
         raise ValueError("params are already quantized; pass the float params")
+    if scope == "none":
+        return Weights(params, {})
     return _quantize_jit(params, quant, scope)
 
 
-def is_quantized(params) -> bool:
-    """True when any leaf container of params is a quantized weight."""
-    leaves = jax.tree.leaves(params, is_leaf=lambda x: isinstance(x, (pk.QuantizedWeight, pk.QuantizedExperts)))
-    return any(isinstance(x, (pk.QuantizedWeight, pk.QuantizedExperts)) for x in leaves)
+def is_quantized(tree) -> bool:
+    """True when tree (params, Weights, or a part of one) holds a quantized container."""
+    is_q = lambda x: isinstance(x, (pk.QuantizedWeight, pk.QuantizedExperts))  # noqa: E731
+    return any(is_q(x) for x in jax.tree.leaves(tree, is_leaf=is_q))
 
 
 def param_bytes(params) -> int:
@@ -112,11 +115,11 @@ def param_bytes(params) -> int:
     return total
 
 
-def quantized_shardings(qparams, float_shardings, mesh):
-    """Shardings of the sampler's pre-quantized params: each quantized container's values and
-    scales take their float weight's spec (a scale missing the contraction dim drops that entry;
-    a dim the mesh axes do not divide stays whole)."""
-    is_q = lambda x: isinstance(x, (pk.QuantizedWeight, pk.QuantizedExperts))  # noqa: E731
+def quantized_shardings(qweights: Weights, float_shardings, mesh) -> Weights:
+    """Shardings of quantize_params' Weights from the float params' shardings: the float params
+    keep theirs; each quantized container's values and scales take their float weight's spec (a
+    scale missing the contraction dim drops that entry; a dim the mesh axes do not divide stays
+    whole)."""
 
     def spec_for(leaf, spec):
         spec = tuple(spec) + (None,) * (len(leaf.shape) - len(spec))
@@ -125,8 +128,10 @@ def quantized_shardings(qparams, float_shardings, mesh):
         size = lambda e: math.prod(mesh.shape[a] for a in ((e,) if isinstance(e, str) else e))  # noqa: E731
         return P(*(e if e is None or d % size(e) == 0 else None for e, d in zip(spec, leaf.shape)))
 
-    def one(q, sh):
-        if not is_q(q):
-            return sh
-        return jax.tree.map(lambda leaf: NamedSharding(mesh, spec_for(leaf, sh.spec)), q)
-    return jax.tree.map(one, qparams, float_shardings, is_leaf=is_q)
+    def like(tree, shardings, containers: bool):
+        if isinstance(tree, dict):
+            return {k: like(v, shardings[k], containers) for k, v in tree.items()}
+        if not containers:
+            return shardings
+        return jax.tree.map(lambda leaf: NamedSharding(mesh, spec_for(leaf, shardings.spec)), tree)
+    return Weights(like(qweights.params, float_shardings, False), like(qweights.prepared, float_shardings, True))

@@ -156,10 +156,12 @@ def kernels(model_json: str, S: int, B: int):
         return cache, state, outs
 
     @functools.partial(jax.jit, donate_argnums=(1, 2), static_argnames=("C", "use_filter"))
-    def decode(params, cache, state, min_live, C=32, use_filter=True):
-        """Up to C speculative steps (each consumes up to W positions per row). Buffers hold
+    def decode(weights, cache, state, min_live, C=32, use_filter=True):
+        """Up to C speculative steps (each consumes up to W positions per row) on the Sampler's
+        DecodeWeights (the model weights: speculation runs the scanned model). Buffers hold
         per row its consumed positions in order (E = C * W entries); returns the largest count
         as the step count the host slices by, and "spec" = [steps, drafted, accepted]."""
+        params = weights.model
         K = m.num_experts_per_tok
         E = C * W
         bufs = {"tok": jnp.full((E, B), -1, jnp.int32), "lp": jnp.zeros((E, B), jnp.float32),

@@ -32,6 +32,7 @@ from c2jax.models import transformer as tfm
 from c2jax.models.layers import Linear, RMSNorm, dtype_of
 from c2jax.backends.cpu import kernels as cpu_kernels
 from c2jax.models.moe import shard_experts, split_experts
+from c2jax.models.prepared import Weights, separate, variables
 
 STACKS = (("dense_layers", "dense", False), ("moe_layers", "moe", True))
 CAST = ("kernel", "w_gate", "w_up", "w_down", "kv_b_proj", "embed")  # the model casts these to dtype
@@ -95,7 +96,7 @@ def _splitter(model_json: str, mesh=None, layout: str = "split"):
         head_DV = out["lm_head"]["kernel"] if "lm_head" in out else out["embed"].T
         if layout == "packed" and not cpu_kernels.matrix_packable(head_DV, 1 if mesh is None else mesh.size):
             out["lm_head"] = {"kernel": cpu_kernels.pack_matrix(head_DV, mesh)}   # also a tied head
-        return out
+        return separate(out)
     return split
 
 
@@ -123,10 +124,10 @@ def _pack_linears(m, tree, mesh):
     return walk(tree)
 
 
-def split_params(m, params, mesh=None) -> dict:
-    """Split params for decode_step (one jitted copy of the weights, in the compute dtype):
-    {embed, final_norm, lm_head?, layers: [per-layer params, dense layers first]}, MoE layers'
-    experts as decode_layout picks: cpu_kernels.PackedExperts (one FFI call a layer that reads each
+def split_params(m, params, mesh=None) -> Weights:
+    """Split weights for decode_step (one jitted copy, in the compute dtype): Weights over
+    {embed, final_norm, lm_head?, layers: [per layer, dense layers first]}, whose prepared
+    collection holds the MoE layers' experts as decode_layout picks: cpu_kernels.PackedExperts (one FFI call a layer that reads each
     chosen expert once) or moe.split_experts' per-expert buffers; with the kernels, lm_head's kernel
     (the tied embedding too) is a cpu_kernels.PackedMatrix and so are the Linear kernels
     PackedMatrix where the kernel can run them (_pack_linears). Every array is its own buffer.
@@ -220,32 +221,33 @@ def stack_layers(n_dense: int, layers: list) -> dict:
     return out
 
 
-def decode_step(m, sp, tokens_BL, positions_BL, caches: list, span: int | None = None) -> tfm.ForwardOutput:
-    """forward_with_cache on split params sp and per-layer caches: ForwardOutput(logits f32
+def decode_step(m, sp: Weights, tokens_BL, positions_BL, caches: list, span: int | None = None) -> tfm.ForwardOutput:
+    """forward_with_cache on split_params' weights sp and per-layer caches: ForwardOutput(logits f32
     [B, L, V], {"expert_ids": int32 [N, B, L, K]} (MoE models), new per-layer caches). span
     (static): attention reads cache slots [0, span) only; every position must be < span."""
     dt, pdt = dtype_of(m.dtype), dtype_of(m.param_dtype)
     n_dense, n_moe = tfm.layer_counts(m)
-    if len(sp["layers"]) != len(caches) or len(caches) != m.num_layers:
-        raise ValueError(f"need {m.num_layers} layers of params and caches, got {len(sp['layers'])}, {len(caches)}")
+    layers = sp.params["layers"]
+    if len(layers) != len(caches) or len(caches) != m.num_layers:
+        raise ValueError(f"need {m.num_layers} layers of params and caches, got {len(layers)}, {len(caches)}")
     tokens_BL = jnp.asarray(tokens_BL, jnp.int32)
     positions_BL = jnp.asarray(positions_BL, jnp.int32)
     seg_BL = jnp.ones_like(tokens_BL)
-    x_BLD = jnp.take(sp["embed"], tokens_BL, axis=0).astype(dt)
+    x_BLD = jnp.take(sp.params["embed"], tokens_BL, axis=0).astype(dt)
     expert_ids, new_caches = [], []
-    for i, (p, cache) in enumerate(zip(sp["layers"], caches)):
-        # the model's own layer; its MoE reads the stored per-expert buffers (p["moe"]["experts"])
-        x_BLD, aux, cache = tfm.Block(m, i >= n_dense, span).apply({"params": p}, x_BLD, positions_BL, seg_BL, None,
-                                                                    cache)
+    for i, (p, cache) in enumerate(zip(layers, caches)):
+        # the model's own layer; its MoE reads the stored per-expert buffers (prepared ["moe"]["experts"])
+        x_BLD, aux, cache = tfm.Block(m, i >= n_dense, span).apply(
+            variables(Weights(p, sp.prepared["layers"][i])), x_BLD, positions_BL, seg_BL, None, cache)
         if i >= n_dense:
             expert_ids.append(aux["expert_ids"])
         new_caches.append(cache)
     norm = RMSNorm(m.rms_norm_eps, "embed", pdt)
-    h_BLD = norm.apply({"params": sp["final_norm"]}, x_BLD)
-    if "lm_head" not in sp:  # tied, unpacked
-        logits = jnp.einsum("bld,vd->blv", h_BLD, sp["embed"], preferred_element_type=jnp.float32)
+    h_BLD = norm.apply({"params": sp.params["final_norm"]}, x_BLD)
+    if "lm_head" not in sp.params:  # tied, unpacked
+        logits = jnp.einsum("bld,vd->blv", h_BLD, sp.params["embed"], preferred_element_type=jnp.float32)
     else:  # Linear also runs a PackedMatrix kernel (split_params packs the head, tied or not, for the CPU kernels)
         head = Linear(m.vocab_size, ("embed", "vocab"), dtype=dt, param_dtype=pdt, init_std=m.init_std)
-        logits = head.apply({"params": sp["lm_head"]}, h_BLD)
+        logits = head.apply(variables(Weights(sp.params["lm_head"], sp.prepared["lm_head"])), h_BLD)
     aux = {"expert_ids": jnp.stack(expert_ids)} if n_moe else {}
     return tfm.ForwardOutput(logits.astype(jnp.float32), aux, new_caches)

@@ -105,7 +105,7 @@ def bench_quantized(args, rows):
             for scope in ("none", "experts", "all"):
                 r, toks = run(cfg, params, batch, args.prompt_len, args.new_tokens, args.repeats, quant_scope=scope)
                 s = Sampler(cfg, params, max_batch=1, max_len=16, quant_scope=scope)
-                res[scope] = (r["tok_s"], param_bytes(s.params), toks)
+                res[scope] = (r["tok_s"], param_bytes(s.weights.model), toks)
             assert res["experts"][2] == res["none"][2], "stored experts decode differently from on-the-fly"
             fb = param_bytes(params)
             row = {"bench": "quant", "model": args.model, "quant": quant, "batch": batch, "float_bytes": fb,

@@ -135,7 +135,8 @@ def test_sampler_over_devices_matches_one_device(preset, n, layout, monkeypatch,
     assert {int(v) for c in got for v in c.versions} == {0, 1} and set(got[-1].versions) == {1}
     assert all("ab" not in "".join("abcd"[t % 4] for t in c.tokens[:-1]) for c in got[6:10])
     # the weights really are split: experts over the devices, GQA heads and the vocab too
-    lay = s._decode_params["layers"][-1]
+    assert s.weights.layout == layout
+    lay = s.weights.split.prepared["layers"][-1]
     ex = lay["moe"]["experts"]
     if layout == "packed":
         assert isinstance(ex, cpu_kernels.PackedExperts) and ex.w_gate_up.sharding.spec == P("decode")
@@ -143,14 +144,15 @@ def test_sampler_over_devices_matches_one_device(preset, n, layout, monkeypatch,
         assert isinstance(ex, moe_lib.ShardedExperts) and ex.slots[0][0].sharding.spec == P("decode")
     m = s.model_cfg
     if layout == "packed":  # the output head: vocab columns over the devices
-        head = s._decode_params["lm_head"]["kernel"]
+        head = s.weights.split.prepared["lm_head"]["kernel"]
         assert isinstance(head, cpu_kernels.PackedMatrix) and head.w.sharding.spec == P("decode")
     if m.attention != "mla" and m.num_kv_heads % n == 0 and layout == "packed":
         q, o = lay["attn"]["q_proj"]["kernel"], lay["attn"]["o_proj"]["kernel"]
         assert (q.split, o.split) == ("columns", "rows") and q.w.sharding.spec == o.w.sharding.spec == P("decode")
-    elif m.attention != "mla" and m.num_kv_heads % n == 0:
-        assert lay["attn"]["q_proj"]["kernel"].sharding.spec == P(None, "decode")
-        assert lay["attn"]["o_proj"]["kernel"].sharding.spec == P("decode", None)
+    elif m.attention != "mla" and m.num_kv_heads % n == 0:   # float kernels, in the params
+        attn = s.weights.split.params["layers"][-1]["attn"]
+        assert attn["q_proj"]["kernel"].sharding.spec == P(None, "decode")
+        assert attn["o_proj"]["kernel"].sharding.spec == P("decode", None)
     # after decoding the cache stays on the decode devices until a prefill needs it
     assert len(jax.tree.leaves(s.cache)[0].sharding.device_set) == n
 

@@ -48,7 +48,7 @@ def test_prequantized_experts_under_expert_parallelism_match_single_device(quant
     mesh = make_mesh(cfg)
     float_shardings = param_shardings(cfg, mesh)
     sharded = jax.device_put(params, quantized_shardings(params, float_shardings, mesh))
-    w = sharded["moe_layers"]["block"]["moe"]["w_gate"]
+    w = sharded.prepared["moe_layers"]["block"]["moe"]["w_gate"]
     assert len(w.values_GKN.sharding.device_set) == 8 and w.values_GKN.sharding.spec[2] == "fsdp"
     fwd = jax.jit(lambda p, t: c2jax.models.forward(cfg, p, t))
     with activate(cfg, mesh):

@@ -39,6 +39,8 @@ def tokens():
 
 
 def experts_of(tree):
+    """The MoE subtree: of the float params, or of the quantized containers (Weights.prepared)."""
+    tree = tree.prepared if isinstance(tree, c2jax.models.Weights) else tree
     return tree["moe_layers"]["block"]["moe"]
 
 
@@ -61,9 +63,11 @@ def test_stored_experts_equal_on_the_fly(quant):
 def test_stored_dense_equal_quantizing_in_step(quant):
     params, cfg = float_params(), make_cfg(quant)
     stored = quantize_params(params, quant, "all")
-    attn = stored["moe_layers"]["block"]["attn"]
-    assert is_quantized(attn["q_proj"]) and not is_quantized(stored["lm_head"])
-    assert not is_quantized(stored["embed"]) and not is_quantized(stored["moe_layers"]["block"]["moe"]["router"])
+    attn = stored.prepared["moe_layers"]["block"]["attn"]
+    assert is_quantized(attn["q_proj"]) and "kernel" not in stored.params["moe_layers"]["block"]["attn"]["q_proj"]
+    assert "kernel" in stored.params["lm_head"] and not is_quantized(stored.prepared["lm_head"])
+    assert "embed" in stored.params and "router" in stored.params["moe_layers"]["block"]["moe"]
+    assert not is_quantized(stored.params)
     fwd = jax.jit(lambda p, t: c2jax.models.forward(cfg, p, t))
     in_step = jax.jit(lambda p, t: c2jax.models.forward(cfg, quantize_params(p, quant, "all"), t))
     np.testing.assert_array_equal(fwd(stored, tokens()), in_step(params, tokens()))
@@ -78,7 +82,9 @@ def test_sampler_stores_quantized_and_swaps():
     params = float_params()
     params2 = jax.tree.map(lambda x: x * 1.1, params)
     s = Sampler(cfg, params, **KW)
-    assert is_quantized(s.params) and param_bytes(experts_of(s.params)) * 3.5 < param_bytes(experts_of(params))
+    w = s.weights
+    assert w.layout == "quantized" and w.split is None and not is_quantized(w.model.params)
+    assert param_bytes(experts_of(w.model)) * 3.5 < param_bytes(experts_of(params))
     stored = generate(cfg, params, PROMPTS, max_new_tokens=6, temperature=0.0, sampler=s)
     on_the_fly = generate(cfg, params, PROMPTS, max_new_tokens=6, temperature=0.0, quant_scope="none", **KW)
     assert stored.tokens == on_the_fly.tokens
@@ -86,7 +92,7 @@ def test_sampler_stores_quantized_and_swaps():
         np.testing.assert_array_equal(a[0].raw_logprobs, b[0].raw_logprobs)
         np.testing.assert_array_equal(a[0].expert_ids, b[0].expert_ids)
     s.swap_params(params2, 1)
-    assert is_quantized(s.params)
+    assert s.weights.layout == "quantized" and is_quantized(s.weights.model)
     swapped = generate(cfg, params2, PROMPTS, max_new_tokens=6, temperature=0.0, sampler=s)
     fresh = generate(cfg, params2, PROMPTS, max_new_tokens=6, temperature=0.0, quant_scope="none", **KW)
     assert swapped.tokens == fresh.tokens and swapped.tokens != stored.tokens

@@ -43,12 +43,16 @@ def test_decode_step_matches_model_cached_step(attention, tie, vocab, wide_cpu_k
     model_step = jax.jit(lambda p, t, q, c: c2jax.models.forward_with_cache(cfg, p, t, q, c))
     split_step = jax.jit(lambda p, t, q, c: unrolled.decode_step(m, p, t, q, c))
     sp = unrolled.split_params(m, params)
-    packed_head = isinstance(sp.get("lm_head", {}).get("kernel"), cpu_kernels.PackedMatrix)
-    assert packed_head == (vocab == 128) and ("lm_head" in sp) == (vocab == 128 or not tie)
-    assert isinstance(sp["layers"][-1]["moe"]["experts"], cpu_kernels.PackedExperts)
+    prep = sp.prepared   # the packed weights; sp.params holds no kernel container
+    assert not any(isinstance(x, (cpu_kernels.PackedMatrix, cpu_kernels.PackedExperts))
+                   for x in jax.tree.leaves(sp.params, is_leaf=lambda x: not isinstance(x, (dict, list))))
+    packed_head = isinstance(prep.get("lm_head", {}).get("kernel"), cpu_kernels.PackedMatrix)
+    assert packed_head == (vocab == 128) and ("lm_head" in sp.params) == (vocab == 128 or not tie)
+    assert isinstance(prep["layers"][-1]["moe"]["experts"], cpu_kernels.PackedExperts)
     if vocab == 128:  # every Linear whose columns are a multiple of 32 is packed
-        assert isinstance(sp["layers"][0]["mlp"]["down"]["kernel"], cpu_kernels.PackedMatrix)  # gate: 48 columns, XLA
-        assert isinstance(sp["layers"][-1]["attn"]["o_proj"]["kernel"], cpu_kernels.PackedMatrix)
+        assert isinstance(prep["layers"][0]["mlp"]["down"]["kernel"], cpu_kernels.PackedMatrix)  # gate: 48 columns, XLA
+        assert isinstance(prep["layers"][-1]["attn"]["o_proj"]["kernel"], cpu_kernels.PackedMatrix)
+        assert "kernel" not in sp.params["layers"][-1]["attn"]["o_proj"]
     layers = unrolled.split_cache(cache)
     for step in range(3):
         tok = jnp.asarray(rng.integers(0, m.vocab_size, (B, 1)), jnp.int32)
@@ -66,10 +70,10 @@ def test_split_params_are_separate_buffers_in_compute_dtype():
     m = cfg.model.copy_and_resolve_references()
     m.dtype = "bfloat16"
     sp = unrolled.split_params(m, params)
-    assert len(sp["layers"]) == m.num_layers and "mlp" in sp["layers"][0]
-    experts = sp["layers"][1]["moe"]["experts"]
+    assert len(sp.params["layers"]) == m.num_layers and "mlp" in sp.params["layers"][0]
+    experts = sp.prepared["layers"][1]["moe"]["experts"]
     assert len(experts) == m.num_experts and experts[0][0].shape == (m.hidden_size, 2 * m.moe_intermediate_size)
-    assert experts[0][0].dtype == jnp.bfloat16 and sp["layers"][1]["moe"]["router"].dtype == jnp.float32
+    assert experts[0][0].dtype == jnp.bfloat16 and sp.params["layers"][1]["moe"]["router"].dtype == jnp.float32
     np.testing.assert_array_equal(experts[3][1].astype(jnp.float32),
                                   params["moe_layers"]["block"]["moe"]["w_down"][0, 3].astype(jnp.bfloat16)
                                   .astype(jnp.float32))
