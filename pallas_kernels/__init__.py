@@ -39,6 +39,7 @@ __all__ = [
     "QuantizedExperts",
     "QuantizedWeight",
     "decode_attention",
+    "mla_decode_attention",
     "dequantize_int8",
     "dequantize_mxfp8",
     "dequantize_nvfp4",
@@ -170,6 +171,33 @@ def decode_attention(q_BHD, k_cache_BHSD, v_cache_BHSDv, lengths_B, *, sm_scale=
     return _dec_tpu.decode_attention_tpu(q_BHD, k_cache_BHSD, v_cache_BHSDv, lengths_B, sm_scale=scale,
                                          block_s=block_s,
                                          interpret=interpret_params(impl, q_BHD, k_cache_BHSD, lengths_B))
+
+
+def mla_decode_attention(q_latent_BHC, q_rope_BHR, latent_BSC, k_rope_BSR, lengths_B, *, sm_scale, impl="auto",
+                         platform=None, block_s=_dec_tpu.DEFAULT_BLOCK_S):
+    """MLA decode over a latent cache (one query per row; positions >= lengths[b] masked): each
+    head's latent context [B, H, C] (values are the latents; the caller applies the up-projection)."""
+    check_ndim("q_latent_BHC", q_latent_BHC, 3, "B, H, C")
+    check_ndim("q_rope_BHR", q_rope_BHR, 3, "B, H, R")
+    check_ndim("latent_BSC", latent_BSC, 3, "B, S, C")
+    check_ndim("k_rope_BSR", k_rope_BSR, 3, "B, S, R")
+    check_ndim("lengths_B", lengths_B, 1, "B")
+    (b, h, c), r = q_latent_BHC.shape, q_rope_BHR.shape[2]
+    if q_rope_BHR.shape[:2] != (b, h):
+        raise ValueError(f"q_rope_BHR shape {q_rope_BHR.shape} does not fit q_latent_BHC {q_latent_BHC.shape}")
+    if latent_BSC.shape[0] != b or latent_BSC.shape[2] != c:
+        raise ValueError(f"latent_BSC shape {latent_BSC.shape} does not fit q_latent_BHC {q_latent_BHC.shape}")
+    if k_rope_BSR.shape != (b, latent_BSC.shape[1], r):
+        raise ValueError(f"k_rope_BSR shape {k_rope_BSR.shape} must be {(b, latent_BSC.shape[1], r)}")
+    if lengths_B.shape[0] != b:
+        raise ValueError(f"lengths_B has {lengths_B.shape[0]} entries, batch is {b}")
+    impl = resolve_impl(impl, platform)
+    if impl in ("reference", "xla"):
+        return _dec_ref.mla_decode_attention_reference(q_latent_BHC, q_rope_BHR, latent_BSC, k_rope_BSR, lengths_B,
+                                                       float(sm_scale))
+    return _dec_tpu.mla_decode_attention_tpu(q_latent_BHC, q_rope_BHR, latent_BSC, k_rope_BSR, lengths_B,
+                                             sm_scale=float(sm_scale), block_s=block_s,
+                                             interpret=interpret_params(impl, q_latent_BHC, latent_BSC, lengths_B))
 
 
 def qmatmul(x_MK, w, *, quant="int8", mode="weight_only", preferred_element_type=jnp.float32,

@@ -13,6 +13,7 @@ head dim, O value dim.
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from c2jax.ops import attention_xla as xla
@@ -28,7 +29,7 @@ ATTENTION = define_op("attention", {
     "gpu": ("xla_blocked",),
 })
 # MLA with a latent cache (prefill and decode): the up-projection absorbed into query and output
-MLA_CACHE_ATTENTION = define_op("mla_cache_attention", {"*": ("xla_absorbed",)})
+MLA_CACHE_ATTENTION = define_op("mla_cache_attention", {"tpu": ("pallas", "xla_absorbed"), "*": ("xla_absorbed",)})
 DECODE_ATTENTION = define_op("decode_attention", {
     "tpu": ("pallas", "xla"),
     # XLA CPU copies each layer's K/V cache transposed for the batched-matmul form at every step
@@ -142,11 +143,16 @@ def mla_context_attention(kernels, q_nope_BLHN, q_rope_BLHR, latent_BLC, k_rope_
 def _run(impl, target: Target, scale: float, *rows):
     """impl.fn(*rows, scale); a Mosaic kernel over a multi-device mesh runs inside a shard_map over
     the rows' batch axes (rows attend independently; GSPMD cannot partition a custom call)."""
-    if not (impl.name.startswith("pallas") and target.devices > 1):
-        return impl.fn(*rows, scale)
+    return _per_rows(lambda *r: impl.fn(*r, scale), impl.name.startswith("pallas") and target.devices > 1, *rows)
+
+
+def _per_rows(fn, shard: bool, *rows):
+    """fn(*rows), inside a shard_map over the rows' batch axes when `shard` (the output is one row array)."""
+    if not shard:
+        return fn(*rows)
     b_axes = spec_entry(row_axes(rows[0].shape[0]))
     specs = tuple(P(b_axes, *([None] * (r.ndim - 1))) for r in rows)
-    return jax.shard_map(lambda *local: impl.fn(*local, scale), in_specs=specs, out_specs=specs[0])(*rows)
+    return jax.shard_map(fn, in_specs=specs, out_specs=specs[0])(*rows)
 
 
 # ----------------------------------------------------------------------------- decode
@@ -206,14 +212,41 @@ def decode_attention(kernels, q_BLHP, k_BSGP, v_BSGO, positions_BL, scale: float
 
 
 MLA_CACHE_ATTENTION.register("xla_absorbed", doc="XLA: queries absorbed into the latent space, no per-head K/V")(
-    xla.mla_absorbed_attention)
+    lambda target, *args: xla.mla_absorbed_attention(*args))
+
+
+def _mla_cache_pallas(impl: str):
+    def run(target, q_nope_BLHN, q_rope_BLHR, latent_BSC, k_rope_BSR, kv_b_CHX, positions_BL, scale, dt):
+        import pallas_kernels
+
+        def kernel(q_latent_BHC, q_rope_BHR, lat_BSC, rope_BSR, lengths_B):
+            return pallas_kernels.mla_decode_attention(q_latent_BHC, q_rope_BHR, lat_BSC, rope_BSR, lengths_B,
+                                                       sm_scale=scale, impl=impl)
+        N, S = q_nope_BLHN.shape[-1], latent_BSC.shape[1]
+        cdt = latent_BSC.dtype   # the kernel reads the cache in place, in its own dtype
+        q_latent_BHC = jnp.einsum("bhn,chn->bhc", q_nope_BLHN[:, 0], kv_b_CHX[..., :N]).astype(cdt)
+        lengths_B = jnp.clip(positions_BL[:, 0] + 1, 0, S).astype(jnp.int32)
+        ctx_BHC = _per_rows(kernel, target.devices > 1, q_latent_BHC, q_rope_BLHR[:, 0].astype(k_rope_BSR.dtype),
+                            latent_BSC, k_rope_BSR, lengths_B)
+        return jnp.einsum("bhc,cho->bho", ctx_BHC.astype(dt), kv_b_CHX[..., N:].astype(dt))[:, None]
+    return run
+
+
+MLA_CACHE_ATTENTION.register("pallas", _decode_pallas_ok,
+                             doc="Pallas Mosaic MLA decode in the latent space (one query per row)")(
+    _mla_cache_pallas("pallas"))
+MLA_CACHE_ATTENTION.register("pallas_interpret", _one_query,
+                             doc="the MLA decode kernel run by the Pallas interpreter (tests on CPU)")(
+    _mla_cache_pallas("interpret"))
 
 
 def mla_cache_attention(kernels, q_nope_BLHN, q_rope_BLHR, latent_BSC, k_rope_BSR, kv_b_CHX, positions_BL,
                         scale: float, dtype):
     """MLA queries against a latent cache (slot index == position) -> [B, L, H, O]."""
-    impl = MLA_CACHE_ATTENTION.select(kernels_choice(kernels, "mla_cache_attention"), current_target())
-    return impl.fn(q_nope_BLHN, q_rope_BLHR, latent_BSC, k_rope_BSR, kv_b_CHX, positions_BL, scale, dtype)
+    target = current_target()
+    impl = MLA_CACHE_ATTENTION.select(kernels_choice(kernels, "mla_cache_attention"), target,
+                                      L=q_nope_BLHN.shape[1])
+    return impl.fn(target, q_nope_BLHN, q_rope_BLHR, latent_BSC, k_rope_BSR, kv_b_CHX, positions_BL, scale, dtype)
 
 
 def write_cache(cache_BS_, new_BL_, positions_BL):

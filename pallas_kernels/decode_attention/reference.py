@@ -23,3 +23,19 @@ def decode_attention_reference(q_BHD, k_cache_BKSD, v_cache_BKSE, lengths_B, sm_
     p = p / jnp.where(l == 0, 1.0, l)
     out = jnp.einsum("bkgs,bkse->bkge", p, v_cache_BKSE.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)
     return out.reshape(b, h, -1).astype(q_BHD.dtype)
+
+
+def mla_decode_attention_reference(q_latent_BHC, q_rope_BHR, latent_BSC, k_rope_BSR, lengths_B, sm_scale):
+    """MLA decode in the latent space, float32: logits q_latent . latent + q_rope . k_rope over
+    positions < lengths[b], values the latents -> [B, H, C] (rows with length 0 give 0)."""
+    hp = jax.lax.Precision.HIGHEST
+    f32 = lambda x: x.astype(jnp.float32)  # noqa: E731
+    s_BHS = (jnp.einsum("bhc,bsc->bhs", f32(q_latent_BHC), f32(latent_BSC), precision=hp)
+             + jnp.einsum("bhr,bsr->bhs", f32(q_rope_BHR), f32(k_rope_BSR), precision=hp)) * sm_scale
+    mask = (jnp.arange(latent_BSC.shape[1])[None, :] < lengths_B[:, None])[:, None, :]
+    s_BHS = jnp.where(mask, s_BHS, -jnp.inf)
+    m = jnp.max(s_BHS, axis=-1, keepdims=True)
+    p = jnp.where(mask, jnp.exp(s_BHS - jnp.where(jnp.isfinite(m), m, 0.0)), 0.0)
+    l = jnp.sum(p, axis=-1, keepdims=True)
+    out = jnp.einsum("bhs,bsc->bhc", p / jnp.where(l == 0, 1.0, l), f32(latent_BSC), precision=hp)
+    return out.astype(q_latent_BHC.dtype)

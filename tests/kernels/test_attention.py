@@ -100,6 +100,30 @@ def test_decode_attention(shape, lengths):
     np.testing.assert_allclose(out[i], full[0, :, -1], atol=2e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("b,h,s,c,r,lengths", [(3, 8, 300, 64, 16, [0, 130, 300]), (2, 16, 256, 128, 64, [1, 256])])
+def test_mla_decode_attention(b, h, s, c, r, lengths):
+    """The latent-space MLA decode kernel (interpreted) equals its reference, and both equal the
+    GQA decode reference with one kv head whose keys are [latent, k_rope] and values the latents."""
+    rng = np.random.default_rng(4)
+    f = lambda *shape: jnp.asarray(rng.standard_normal(shape), jnp.float32)  # noqa: E731
+    qa, qr, lat, rope = f(b, h, c), f(b, h, r), f(b, s, c), f(b, s, r)
+    lens = jnp.asarray(lengths, jnp.int32)
+    scale = (c + r) ** -0.5
+    run = jax.jit(functools.partial(pk.mla_decode_attention, sm_scale=scale, impl="interpret", block_s=128))
+    out = run(qa, qr, lat, rope, lens)
+    ref = pk.mla_decode_attention(qa, qr, lat, rope, lens, sm_scale=scale, impl="xla")
+    as_gqa = decode_attention_reference(jnp.concatenate([qa, qr], -1), jnp.concatenate([lat, rope], -1)[:, None],
+                                        lat[:, None], lens, scale)
+    np.testing.assert_allclose(ref, as_gqa, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(out, ref, atol=2e-5, rtol=1e-5)
+    garbage = run(qa, qr, lat.at[:, 260:].set(1e4), rope.at[:, 260:].set(-1e4), lens)   # past every length < 260
+    np.testing.assert_array_equal(np.asarray(garbage)[:2], np.asarray(out)[:2])
+    if lengths[0] == 0:
+        assert np.all(np.asarray(out)[0] == 0)
+    with pytest.raises(ValueError, match="k_rope_BSR"):
+        pk.mla_decode_attention(qa, qr, lat, rope[:, :-1], lens, sm_scale=scale, platform="cpu")
+
+
 def test_attention_bad_inputs_raise_value_error():
     q, k, v, _ = _qkv(1, 3, 2, 16, 8, 8)
     with pytest.raises(ValueError, match="multiple of kv heads"):

@@ -154,6 +154,36 @@ def test_context_attention_runs_the_chosen_local_kernel(attention):
         assert _rel_err(g, r) <= 1e-4
 
 
+@pytest.mark.parametrize("attention", ["gqa", "mla"])
+def test_decode_attention_kernels_run_per_row_shard(attention):
+    """On a mesh the decode kernels (GQA's, and MLA's in the latent space; here by the Pallas
+    interpreter) run inside a shard_map over the rows' batch axes and equal XLA's single-device
+    result."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    from c2jax.ops import attention as attention_ops
+    cfg = _cfg(attention, (2, 2, 1, 2))
+    mesh = make_mesh(cfg)
+    rng = np.random.default_rng(2)
+    Bd, S, H, N, R, O, C = 8, 64, 4, 16, 8, 16, 32
+    arr = lambda *s: jnp.asarray(rng.standard_normal(s), jnp.float32)  # noqa: E731
+    pos = jnp.asarray(rng.integers(0, S, (Bd, 1)), jnp.int32)
+    if attention == "gqa":
+        op, names = "decode_attention", ("xla", "pallas_interpret")
+        args = (arr(Bd, 1, H, N), arr(Bd, S, 2, N), arr(Bd, S, 2, O))
+        fn = lambda kn, q, k, v: attention_ops.decode_attention(kn, q, k, v, pos, 0.3)  # noqa: E731
+    else:
+        op, names = "mla_cache_attention", ("xla_absorbed", "pallas_interpret")
+        args = (arr(Bd, 1, H, N), arr(Bd, 1, H, R), arr(Bd, S, C), arr(Bd, S, R), arr(C, H, N + O) / 4)
+        fn = lambda kn, *a: attention_ops.mla_cache_attention(kn, *a, pos, 0.3, jnp.float32)  # noqa: E731
+    want = jax.jit(functools.partial(fn, {op: names[0]}))(*args)
+    rows = NamedSharding(mesh, P(("data", "fsdp")))
+    sharded = [jax.device_put(a, rows) if a.shape[0] == Bd else a for a in args]
+    with activate(cfg, mesh), record_choices() as ran:
+        got = jax.jit(functools.partial(fn, {op: names[1]}))(*sharded)
+    assert ran[op] == {names[1]: 1}
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-5)
+
+
 def test_zigzag_layout():
     order = zigzag_order(16, 2)        # 4 chunks of 4: rank0 = chunks 0,3; rank1 = chunks 1,2
     np.testing.assert_array_equal(order, [0, 1, 2, 3, 12, 13, 14, 15, 4, 5, 6, 7, 8, 9, 10, 11])

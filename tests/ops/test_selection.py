@@ -198,6 +198,32 @@ def test_decode_attention_implementations_agree(name):
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("name", ["xla_absorbed", "pallas_interpret"])
+def test_mla_cache_attention_implementations_agree(name):
+    """Against the unabsorbed form: per-head keys [latent @ W_k, k_rope] and values latent @ W_v."""
+    B, S, H, N, R, C, O = 3, 64, 4, 16, 8, 32, 16
+    ks = jax.random.split(jax.random.key(7), 5)
+    q_nope, q_rope = jax.random.normal(ks[0], (B, 1, H, N)), jax.random.normal(ks[1], (B, 1, H, R))
+    latent, k_rope = jax.random.normal(ks[2], (B, S, C)), jax.random.normal(ks[3], (B, S, R))
+    kv_b = jax.random.normal(ks[4], (C, H, N + O)) * C ** -0.5
+    pos = jnp.asarray([[5], [40], [63]], jnp.int32)
+    hp = jax.lax.Precision.HIGHEST
+    k = jnp.concatenate([jnp.einsum("bsc,chn->bshn", latent, kv_b[..., :N], precision=hp),
+                         jnp.broadcast_to(k_rope[:, :, None], (B, S, H, R))], -1)
+    v = jnp.einsum("bsc,cho->bsho", latent, kv_b[..., N:], precision=hp)
+    logits = jnp.einsum("bhp,bshp->bhs", jnp.concatenate([q_nope, q_rope], -1)[:, 0], k, precision=hp) * 0.2
+    logits = jnp.where(jnp.arange(S)[None, None] <= pos[:, :, None], logits, -jnp.inf)
+    want = jnp.einsum("bhs,bsho->bho", jax.nn.softmax(logits, -1), v, precision=hp)[:, None]
+    with record_choices() as rec:
+        got = attention_ops.mla_cache_attention({"mla_cache_attention": name}, q_nope, q_rope, latent, k_rope, kv_b,
+                                                pos, 0.2, jnp.float32)
+    assert rec == {"mla_cache_attention": {name: 1}}
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="Mosaic"):
+        attention_ops.mla_cache_attention({"mla_cache_attention": "pallas"}, q_nope, q_rope, latent, k_rope, kv_b,
+                                          pos, 0.2, jnp.float32)
+
+
 def test_model_records_the_implementations_it_ran():
     cfg = default_config()
     params = c2jax.models.init_params(cfg, jax.random.key(0))

@@ -2,7 +2,8 @@
 CPU machine, contain the Mosaic kernels c2jax.ops chooses for TPU, counted per kernel: the grouped
 matmuls of the experts (forward, and dX / dW in the backward; their MXFP8 forms under quant),
 flash attention as the CP ranks' local attention (forward, dQ, dK/dV), and in the sampler's jitted
-decode chunk the grouped matmuls and (GQA) the decode attention kernel. One scanned MoE layer and
+decode chunk the grouped matmuls and the decode attention kernel (GQA's, or MLA's in the latent
+space). One scanned MoE layer and
 one dense layer: a loop body's calls count once."""
 import os
 
@@ -61,6 +62,7 @@ def test_sampler_decode_chunk_runs_the_mosaic_kernels(devices, attention, quant)
     if attention == "gqa":
         want["_decode_kernel"] = 2
         assert set(kernels["decode_attention"]) == {"pallas"}
-    else:   # MLA decode runs the absorbed latent attention in XLA (no Mosaic form yet)
-        assert set(kernels["mla_cache_attention"]) == {"xla_absorbed"}
+    else:   # MLA attends the latent cache in place
+        want["_mla_decode_kernel"] = 2
+        assert set(kernels["mla_cache_attention"]) == {"pallas"}
     assert cc.mosaic_kernels(text) == want
