@@ -9,6 +9,7 @@ Mosaic kernels; "gpu" -> XLA (no Pallas GPU kernels yet); "cpu" -> XLA fallback.
 # Hk kv heads, L (query) length, S key / cache length, D q/k head dim, Dv v head dim.
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 from pallas_kernels._common import (
@@ -149,28 +150,41 @@ def flash_attention(q_BHLD, k_BHSD, v_BHSDv, *, segment_ids_BL=None, q_segment_i
 
 
 def decode_attention(q_BHD, k_cache_BHSD, v_cache_BHSDv, lengths_B, *, sm_scale=None, impl="auto",
-                     platform=None, block_s=_dec_tpu.DEFAULT_BLOCK_S):
-    """One new query token per row against a ragged KV cache (positions >= lengths[b] masked)."""
+                     platform=None, block_s=_dec_tpu.DEFAULT_BLOCK_S, cache_layout="BHSD"):
+    """One new query token per row against a ragged KV cache (positions >= lengths[b] masked).
+    cache_layout "BSHD": the caches are [B, S, Hk, D] (a model's cache layout); the TPU kernel
+    reads them in place when each head's D fills whole 128-lane tiles."""
+    if cache_layout not in ("BHSD", "BSHD"):
+        raise ValueError(f"cache_layout must be 'BHSD' or 'BSHD', got {cache_layout!r}")
+    letters = "B, Hk, S, D" if cache_layout == "BHSD" else "B, S, Hk, D"
     check_ndim("q_BHD", q_BHD, 3, "B, H, D")
-    check_ndim("k_cache_BHSD", k_cache_BHSD, 4, "B, Hk, S, D")
-    check_ndim("v_cache_BHSDv", v_cache_BHSDv, 4, "B, Hk, S, Dv")
+    check_ndim("k_cache", k_cache_BHSD, 4, letters)
+    check_ndim("v_cache", v_cache_BHSDv, 4, letters.replace("D", "Dv"))
     check_ndim("lengths_B", lengths_B, 1, "B")
+    if cache_layout == "BSHD":
+        as_bhsd = lambda x: x.transpose(0, 2, 1, 3)  # noqa: E731
+        kk, vv = jax.eval_shape(as_bhsd, k_cache_BHSD), jax.eval_shape(as_bhsd, v_cache_BHSDv)
+    else:
+        kk, vv = k_cache_BHSD, v_cache_BHSDv
     b, h, d = q_BHD.shape
-    if k_cache_BHSD.shape[0] != b or k_cache_BHSD.shape[3] != d:
-        raise ValueError(f"k_cache_BHSD shape {k_cache_BHSD.shape} does not fit q_BHD {q_BHD.shape}")
-    if v_cache_BHSDv.shape[:3] != k_cache_BHSD.shape[:3]:
-        raise ValueError(f"v_cache_BHSDv shape {v_cache_BHSDv.shape} must match k_cache_BHSD in B, Hk, S")
-    if h % k_cache_BHSD.shape[1]:
-        raise ValueError(f"q heads H={h} must be a multiple of kv heads {k_cache_BHSD.shape[1]} (k_cache_BHSD)")
+    if kk.shape[0] != b or kk.shape[3] != d:
+        raise ValueError(f"k_cache shape {k_cache_BHSD.shape} ({cache_layout}) does not fit q_BHD {q_BHD.shape}")
+    if vv.shape[:3] != kk.shape[:3]:
+        raise ValueError(f"v_cache shape {v_cache_BHSDv.shape} must match k_cache in B, Hk, S")
+    if h % kk.shape[1]:
+        raise ValueError(f"q heads H={h} must be a multiple of kv heads {kk.shape[1]} (k_cache)")
     if lengths_B.shape[0] != b:
         raise ValueError(f"lengths_B has {lengths_B.shape[0]} entries, batch is {b}")
     scale = float(d ** -0.5 if sm_scale is None else sm_scale)
     impl = resolve_impl(impl, platform)
     if impl in ("reference", "xla"):
+        if cache_layout == "BSHD":
+            k_cache_BHSD, v_cache_BHSDv = k_cache_BHSD.transpose(0, 2, 1, 3), v_cache_BHSDv.transpose(0, 2, 1, 3)
         return _dec_ref.decode_attention_reference(q_BHD, k_cache_BHSD, v_cache_BHSDv, lengths_B, scale)
     return _dec_tpu.decode_attention_tpu(q_BHD, k_cache_BHSD, v_cache_BHSDv, lengths_B, sm_scale=scale,
                                          block_s=block_s,
-                                         interpret=interpret_params(impl, q_BHD, k_cache_BHSD, lengths_B))
+                                         interpret=interpret_params(impl, q_BHD, k_cache_BHSD, lengths_B),
+                                         cache_layout="BSKD" if cache_layout == "BSHD" else "BKSD")
 
 
 def mla_decode_attention(q_latent_BHC, q_rope_BHR, latent_BSC, k_rope_BSR, lengths_B, *, sm_scale, impl="auto",

@@ -187,8 +187,8 @@ def _decode_pallas(impl: str):
         import pallas_kernels
         S = k.shape[1]
         lengths_B = jax.numpy.clip(positions_BL[:, 0] + 1, 0, S).astype(jax.numpy.int32)
-        out = pallas_kernels.decode_attention(q[:, 0], k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), lengths_B,
-                                              sm_scale=scale, impl=impl)
+        out = pallas_kernels.decode_attention(q[:, 0], k, v, lengths_B, sm_scale=scale, impl=impl,
+                                              cache_layout="BSHD")   # the cache's own layout, read in place
         return out[:, None]
     return run
 

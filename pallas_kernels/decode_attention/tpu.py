@@ -48,40 +48,99 @@ def _decode_kernel(len_ref, q_ref, k_ref, v_ref, o_ref, m_sc, l_sc, acc_sc, *, s
         o_ref[...] = (acc_sc[...] / jnp.where(l == 0.0, 1.0, l)).astype(o_ref.dtype)
 
 
+def _decode_heads_kernel(len_ref, q_ref, k_ref, v_ref, o_ref, m_sc, l_sc, acc_sc, *, scale, bs, ns, kh):
+    """_decode_kernel over a [bs, K, D] block of the model's cache layout: every kv head of the
+    row in one program, so each cache row is read once, in place."""
+    b, si = pl.program_id(0), pl.program_id(1)
+    length = len_ref[b]
+
+    @pl.when(si == 0)
+    def _():
+        m_sc[...] = jnp.full_like(m_sc, MASK_VALUE)
+        l_sc[...] = jnp.zeros_like(l_sc)
+        acc_sc[...] = jnp.zeros_like(acc_sc)
+
+    @pl.when(si * bs < length)
+    def _():
+        for h in range(kh):
+            s = jax.lax.dot_general(q_ref[h], k_ref[:, h, :], (((1,), (1,)), ((), ())),
+                                    preferred_element_type=jnp.float32) * scale  # [G, bs]
+            cols = si * bs + jax.lax.broadcasted_iota(jnp.int32, s.shape, 1)
+            online_softmax_step(s, cols < length, v_ref.at[:, h, :], m_sc.at[h], l_sc.at[h], acc_sc.at[h])
+
+    @pl.when(si == ns - 1)
+    def _():
+        l = l_sc[...]
+        o_ref[...] = (acc_sc[...] / jnp.where(l == 0.0, 1.0, l)).astype(o_ref.dtype)
+
+
+def reads_in_place(d: int, e: int, kh: int) -> bool:
+    """Can the kernel read a [B, S, K, D] cache in its own layout ([bs, K, D] blocks, all kv heads
+    of a row in one program)? D and E must fill whole 128-lane tiles."""
+    return d % 128 == 0 and e % 128 == 0
+
+
 def decode_attention_tpu(q_BHD, k_cache_BKSD, v_cache_BKSE, lengths_B, *, sm_scale,
-                         block_s=DEFAULT_BLOCK_S, interpret=False):
-    """Decode attention on TPU; pads S only when no multiple of 128 <= block_s divides it."""
+                         block_s=DEFAULT_BLOCK_S, interpret=False, cache_layout="BKSD"):
+    """Decode attention on TPU; pads S only when no multiple of 128 <= block_s divides it.
+    cache_layout "BSKD": the caches are [B, S, K, D] / [B, S, K, E] (the model's own), read in
+    place where reads_in_place allows, else transposed once here."""
+    if cache_layout == "BSKD":
+        kh, d, e = k_cache_BKSD.shape[2], k_cache_BKSD.shape[3], v_cache_BKSE.shape[3]
+        if not reads_in_place(d, e, kh):
+            cache_layout = "BKSD"
+            k_cache_BKSD, v_cache_BKSE = k_cache_BKSD.transpose(0, 2, 1, 3), v_cache_BKSE.transpose(0, 2, 1, 3)
+    elif cache_layout != "BKSD":
+        raise ValueError(f"cache_layout must be 'BKSD' or 'BSKD', got {cache_layout!r}")
+    in_place = cache_layout == "BSKD"
     b, h, d = q_BHD.shape
-    kh, s = k_cache_BKSD.shape[1], k_cache_BKSD.shape[2]
+    if in_place:
+        s, kh = k_cache_BKSD.shape[1], k_cache_BKSD.shape[2]
+    else:
+        kh, s = k_cache_BKSD.shape[1], k_cache_BKSD.shape[2]
     e = v_cache_BKSE.shape[3]
     g = h // kh
     bs = pick_tile(s, block_s, 128)
     sp = round_up(s, bs)
-    k = pad_axis(k_cache_BKSD, 2, sp)
-    v = pad_axis(v_cache_BKSE, 2, sp)
+    if in_place:   # grid (B, S blocks): each program reads [bs, K, D] rows, all kv heads
+        k = pad_axis(k_cache_BKSD, 1, sp)
+        v = pad_axis(v_cache_BKSE, 1, sp)
+    else:
+        k = pad_axis(k_cache_BKSD, 2, sp)
+        v = pad_axis(v_cache_BKSE, 2, sp)
     ns = sp // bs
     q_BKGD = q_BHD.reshape(b, kh, g, d)
     lengths_B = jnp.clip(lengths_B.astype(jnp.int32), 0, s)
 
-    def kv_idx(b_, h_, si, lens):
-        last = jnp.maximum(jax.lax.div(lens[b_] + bs - 1, bs) - 1, 0)  # lax.div: no sign op in Mosaic
-        return (b_, h_, jnp.minimum(si, last), 0)
+    def last_block(b_, lens):
+        return jnp.maximum(jax.lax.div(lens[b_] + bs - 1, bs) - 1, 0)  # lax.div: no sign op in Mosaic
+
+    if in_place:
+        row = lambda b_, si, lens: (b_, 0, 0, 0)  # noqa: E731
+        kv_idx = lambda b_, si, lens: (b_, jnp.minimum(si, last_block(b_, lens)), 0, 0)  # noqa: E731
+        kernel = functools.partial(_decode_heads_kernel, scale=sm_scale, bs=bs, ns=ns, kh=kh)
+        grid, sem = (b, ns), ("parallel", "arbitrary")
+        specs = [pl.BlockSpec((None, kh, g, d), row), pl.BlockSpec((None, bs, kh, d), kv_idx),
+                 pl.BlockSpec((None, bs, kh, e), kv_idx)]
+        out_spec = pl.BlockSpec((None, kh, g, e), row)
+        scratch = [pltpu.VMEM((kh, g, 1), jnp.float32), pltpu.VMEM((kh, g, 1), jnp.float32),
+                   pltpu.VMEM((kh, g, e), jnp.float32)]
+    else:
+        row = lambda b_, h_, si, lens: (b_, h_, 0, 0)  # noqa: E731
+        kv_idx = lambda b_, h_, si, lens: (b_, h_, jnp.minimum(si, last_block(b_, lens)), 0)  # noqa: E731
+        kernel = functools.partial(_decode_kernel, scale=sm_scale, bs=bs, ns=ns)
+        grid, sem = (b, kh, ns), ("parallel", "parallel", "arbitrary")
+        specs = [pl.BlockSpec((None, None, g, d), row), pl.BlockSpec((None, None, bs, d), kv_idx),
+                 pl.BlockSpec((None, None, bs, e), kv_idx)]
+        out_spec = pl.BlockSpec((None, None, g, e), row)
+        scratch = [pltpu.VMEM((g, 1), jnp.float32), pltpu.VMEM((g, 1), jnp.float32), pltpu.VMEM((g, e), jnp.float32)]
 
     out = pl.pallas_call(
-        functools.partial(_decode_kernel, scale=sm_scale, bs=bs, ns=ns),
-        grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=1,
-            grid=(b, kh, ns),
-            in_specs=[pl.BlockSpec((None, None, g, d), lambda b_, h_, si, lens: (b_, h_, 0, 0)),
-                      pl.BlockSpec((None, None, bs, d), kv_idx),
-                      pl.BlockSpec((None, None, bs, e), kv_idx)],
-            out_specs=pl.BlockSpec((None, None, g, e), lambda b_, h_, si, lens: (b_, h_, 0, 0)),
-            scratch_shapes=[pltpu.VMEM((g, 1), jnp.float32), pltpu.VMEM((g, 1), jnp.float32),
-                            pltpu.VMEM((g, e), jnp.float32)]),
+        kernel,
+        grid_spec=pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=1, grid=grid, in_specs=specs,
+                                               out_specs=out_spec, scratch_shapes=scratch),
         out_shape=out_struct((b, kh, g, e), q_BHD.dtype, lengths_B, q_BKGD, k, v),
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=VMEM_LIMIT_BYTES),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=sem, vmem_limit_bytes=VMEM_LIMIT_BYTES),
         interpret=interpret,
     )(lengths_B, q_BKGD, k, v)
     return out.reshape(b, h, e)

@@ -75,6 +75,7 @@ def test_flash_attention_xla_chunked_path_matches_reference(causal):
 @pytest.mark.parametrize("shape,lengths", [
     ((3, 8, 2, 300, 64, 64), [0, 130, 300]),     # GQA; empty row; S not a multiple of the block
     ((2, 4, 4, 256, 192, 128), [1, 200]),        # MLA head dims
+    ((2, 8, 2, 384, 128, 128), [77, 240]),       # lane-tile head dims: the BSHD cache is read in place
 ])
 def test_decode_attention(shape, lengths):
     b, h, hk, s, d, dv = shape
@@ -93,6 +94,11 @@ def test_decode_attention(shape, lengths):
     np.testing.assert_array_equal(np.asarray(out2)[:2], np.asarray(out)[:2])
     if lengths[0] == 0:
         assert np.all(np.asarray(out)[0] == 0)
+    # the model's [B, S, Hk, D] cache layout, read in place where D fills whole lane tiles
+    in_model_layout = jax.jit(functools.partial(pk.decode_attention, impl="interpret", block_s=128,
+                                                cache_layout="BSHD"))
+    np.testing.assert_allclose(in_model_layout(q, kc.transpose(0, 2, 1, 3), vc.transpose(0, 2, 1, 3), lens), ref,
+                               atol=2e-5, rtol=1e-5)
     # decode == last row of causal attention over the first `length` positions
     i = b - 1
     n = lengths[i]

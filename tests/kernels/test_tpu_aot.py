@@ -132,6 +132,10 @@ def test_decode_attention_compiles(chip):
     ma, _ = _compile(chip, lambda q, k, v, l: decode_attention_tpu(q, k, v, l, sm_scale=0.1),
                      ((B, H, D), BF), ((B, Hk, S, D), BF), ((B, Hk, S, D), BF), ((B,), jnp.int32))
     assert ma.temp_size_in_bytes < 16 * MiB   # the cache is read in place, never copied
+    # the model's [B, S, Hk, D] cache: read in place too (each head a 128-lane window of a row)
+    ma, _ = _compile(chip, lambda q, k, v, l: decode_attention_tpu(q, k, v, l, sm_scale=0.1, cache_layout="BSKD"),
+                     ((B, H, D), BF), ((B, S, Hk, D), BF), ((B, S, Hk, D), BF), ((B,), jnp.int32))
+    assert ma.temp_size_in_bytes < 16 * MiB
 
 
 @pytest.mark.parametrize("chip", ["v5p", "v6e"])
