@@ -17,11 +17,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 THIS = os.path.abspath(__file__)
 
 # Directories that are not the repository's own files: VCS data, environments, caches, run outputs.
-SKIP_DIRS = {".git", "__pycache__", "runs", "build", "node_modules"}
+SKIP_DIRS = {".git", "__pycache__", ".pytest_cache", ".ruff_cache", ".mypy_cache", "runs", "build", "node_modules"}
 
 
 def _skip_dir(name: str) -> bool:
-    return name in SKIP_DIRS or name.startswith(".") or name.endswith(".egg-info")
+    return name in SKIP_DIRS or name.startswith(".venv") or name.endswith(".egg-info")
 
 
 # Content patterns, case-insensitive. Each is (pattern, what it catches).
