@@ -92,3 +92,13 @@ def test_benchmark_figures_are_in_their_artifacts(row):
     assert script and os.path.isfile(os.path.join(ROOT, script.group(1))), f"command names no script: {row['command']}"
     missing = [f"{col}: {fig}" for col in MEASURED_COLUMNS for fig in numbers(row[col]) if not matches(fig, candidates)]
     assert not missing, f"figures not in {', '.join(paths)}: {missing}"
+
+
+def test_quick_start_quotes_no_typed_in_results():
+    """The demo writes no committed artifact, so the README describes what it prints without figures."""
+    with open(README) as f:
+        section = f.read().split("\n## Quick start", 1)[1].split("\n## ", 1)[0]
+    typed = [n for n in numbers(re.sub(r"Python \d+\.\d+", "", section)) if "." in n]
+    assert not typed, f"figures in the quick start with no artifact behind them: {typed}"
+    commands = [ln.strip() for ln in section.split("```bash", 1)[1].split("```", 1)[0].splitlines() if ln.strip()]
+    assert commands == ["make demo", "make test"], commands
