@@ -254,7 +254,7 @@ def _cpt_and_sft(args, out, stats, t0) -> str:
         start_dir = warm_dir
     if args.recall_steps:
         # Verbatim recall records (module sources, then their `LEGACY_X = v` lines again): where
-        # copying by name formed (results README, "Sixth session"); ~12 records fill a 4 x 1024 step.
+        # copying by name formed (results README, "2026-12-01: why the model cannot copy"); ~12 records fill a 4 x 1024 step.
         recall = os.path.join(out, "copy_recall.jsonl")
         cc.write_records(recall, cc.recall_records(12 * args.recall_steps, args.seed + 2, tokenizer, verbatim=True))
         recall_dir = os.path.join(out, "recall")

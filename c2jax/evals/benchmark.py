@@ -181,7 +181,7 @@ def _jsonable(x):
 
 # ----- config-driven entry (`python -m c2jax eval --config ... --workdir ...`) ------------------
 def eval_defaults():
-    """Defaults of `config.eval` (the lead merges this into c2jax.config)."""
+    """Defaults of `config.eval` (c2jax.config merges them into the config)."""
     import ml_collections
     e = ml_collections.ConfigDict()
     e.suites = ("synthetic:1",)        # c2jax.tasks.load_suite names

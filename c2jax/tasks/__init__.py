@@ -2,7 +2,7 @@
 
 `load_suite(name, split, n=None, seed=0, **kw)` is the one entry point:
   "synthetic" (kw level=1|2|3, or name "synthetic:2"), "stdlib_bugs", "humaneval", "behaviour".
-Other issues add suites with `register_suite(name, loader)`; a loader is
+Other modules add suites with `register_suite(name, loader)`; a loader is
 `loader(split, n, seed, **kw) -> list[Task]`, deterministic in its arguments.
 
 Splits never share a task: synthetic and behaviour tasks are assigned by a hash of their

@@ -1,4 +1,4 @@
-"""Sampler options of issue 4 item 6: MTP speculative decoding (acceptance, tokens/s vs plain
+"""The sampler's inference options: MTP speculative decoding (acceptance, tokens/s vs plain
 decoding) and pre-quantized weights (storage bytes, tokens/s vs quantizing every step).
 
     JAX_PLATFORMS=cpu python experiments/bench/speculative.py                 # tiny, batch 1 and 8

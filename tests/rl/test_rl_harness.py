@@ -1,11 +1,11 @@
 """RL through the agent harness (synthetic:1 tasks, bubblewrap sandbox, multi-turn prefix
 reuse in the sampler): step-0 invariants on a random tiny model with the byte codec, and the
 opt-in learning test from the demo's CPT+SFT model (built in the test, or reused; the SFT
-stage alone took 18 minutes on a shared 2-core machine; 40 RL steps of 16 prompts x 8 with the two
-128 x 4 evals 30-37 more, on a shared machine). Three runs of this setting rose 0.451 -> 0.498,
+stage alone took 18 minutes on a loaded 2-core machine; 40 RL steps of 16 prompts x 8 with the two
+128 x 4 evals 30-37 more). Three runs of this setting rose 0.451 -> 0.498,
 0.508 and 0.512: paired rises of +0.047, +0.057 and +0.061 (+- 0.023) over 128 tasks, so the
-+0.05 asked passed 2 of 3 times; 8 prompts a step rose 0.01-0.035, lr 1e-4 with a weak KL anchor
-fell. See the README's demo section and experiments/results/rl_harness.
+test's +0.05 threshold passed 2 of 3 times; 8 prompts a step rose 0.01-0.035, lr 1e-4 with a weak KL anchor
+fell. See experiments/results/rl_harness/README.md.
 
     C2JAX_RL_LEARNING=1 pytest tests/rl/test_rl_harness.py -k learning -s
     C2JAX_RL_LEARNING=1 C2JAX_DEMO_CACHE=/tmp/c2jax_demo pytest ...   # keep/reuse the SFT model

@@ -1,0 +1,104 @@
+"""Every figure in the README's benchmark table is in the artifact its row names.
+
+Each row of the table under `## Benchmarks` names its artifacts (JSON, Markdown or the log a
+benchmark command writes) in its `artifact` column and the command in its `command` column. Every
+number in the measured columns (c2jax, the reference measured in the same run, the ratio, the
+spread over runs) must appear in one of the row's artifacts, either as written or as a number
+there that rounds to it at the README's precision (JSON holds unrounded values).
+"""
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+README = os.path.join(ROOT, "README.md")
+
+MEASURED_COLUMNS = ("c2jax", "reference, same run", "ratio", "spread over runs")
+# A number: not part of a word (f32, bf16, v5p) or of a longer number; thousands may be comma-grouped.
+NUMBER = re.compile(r"(?<![\w.])\d{1,3}(?:,\d{3})+(?:\.\d+)?(?!\d|\.\d)|(?<![\w.,])\d+(?:\.\d+)?(?!\d|,\d|\.\d)")
+
+
+def numbers(text: str) -> list[str]:
+    """The numbers in `text`, as written (commas kept)."""
+    return NUMBER.findall(text)
+
+
+def _value(token: str) -> tuple[float, int]:
+    """(value, decimals) of a number as written."""
+    plain = token.replace(",", "")
+    return float(plain), len(plain.split(".")[1]) if "." in plain else 0
+
+
+def matches(figure: str, candidates: list[float]) -> bool:
+    """Whether some artifact number, rounded to the figure's decimals, is the figure."""
+    value, decimals = _value(figure)
+    tol = 0.5 * 10 ** -decimals + 1e-9
+    return any(abs(c - value) <= tol for c in candidates)
+
+
+def benchmark_table(text: str) -> list[dict]:
+    """The rows of the first table after `## Benchmarks`, as {column: cell}."""
+    section = text.split("\n## Benchmarks", 1)[1]
+    lines = [ln for ln in section.splitlines() if ln.startswith("|")]
+    if not lines:
+        return []
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    rows = []
+    for ln in lines[2:]:
+        cells = [c.strip() for c in ln.strip().strip("|").split("|")]
+        assert len(cells) == len(header), f"malformed benchmark row: {ln}"
+        rows.append(dict(zip(header, cells)))
+    return rows
+
+
+def _artifact_numbers(path: str) -> list[float]:
+    with open(path) as f:
+        return [_value(t)[0] for t in numbers(f.read())]
+
+
+def _rows():
+    with open(README) as f:
+        return benchmark_table(f.read())
+
+
+def test_number_parsing():
+    assert numbers("1462 tok/s (median step 2802 ms); MFU 62.4% (280.8 GFLOP/s)") == ["1462", "2802", "62.4", "280.8"]
+    assert numbers("410,413 tok/s, f32 master, bf16") == ["410,413"]
+    assert numbers("1.53x-1.61x over three runs") == ["1.53", "1.61"]
+    assert matches("2.02", [2.024124260611168]) and not matches("2.03", [2.024124260611168])
+    assert matches("410,413", [410413.0]) and not matches("1462", [1460.0])
+
+
+def test_benchmark_table_is_there():
+    rows = _rows()
+    assert len(rows) >= 3, "the README's benchmark table is missing"
+    for col in MEASURED_COLUMNS + ("benchmark", "command", "artifact"):
+        assert col in rows[0], f"benchmark table has no '{col}' column"
+
+
+@pytest.mark.parametrize("row", _rows(), ids=lambda r: r["benchmark"][:60])
+def test_benchmark_figures_are_in_their_artifacts(row):
+    paths = re.findall(r"`([^`]+)`", row["artifact"])
+    assert paths, f"row names no artifact: {row['benchmark']}"
+    candidates = []
+    for p in paths:
+        full = os.path.join(ROOT, p)
+        assert os.path.isfile(full), f"artifact {p} is not in the repository"
+        candidates += _artifact_numbers(full)
+    script = re.search(r"(experiments/\S+\.(?:py|sh))", row["command"])
+    assert script and os.path.isfile(os.path.join(ROOT, script.group(1))), f"command names no script: {row['command']}"
+    missing = [f"{col}: {fig}" for col in MEASURED_COLUMNS for fig in numbers(row[col]) if not matches(fig, candidates)]
+    assert not missing, f"figures not in {', '.join(paths)}: {missing}"
+
+
+def test_quick_start_quotes_no_typed_in_results():
+    """The demo writes no committed artifact, so the README describes what it prints without figures."""
+    with open(README) as f:
+        section = f.read().split("\n## Quick start", 1)[1].split("\n## ", 1)[0]
+    typed = [n for n in numbers(re.sub(r"Python \d+\.\d+", "", section)) if "." in n]
+    assert not typed, f"figures in the quick start with no artifact behind them: {typed}"
+    commands = [ln.strip() for ln in section.split("```bash", 1)[1].split("```", 1)[0].splitlines() if ln.strip()]
+    assert commands == ["make demo", "make test"], commands
