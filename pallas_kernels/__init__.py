@@ -1,7 +1,7 @@
 """pallas_kernels: the dispatcher the model calls (c2jax never calls a backend kernel directly).
 
 `impl=`: "auto" | "xla" | "pallas" | "interpret" (Pallas kernels run by the interpreter, for CPU
-tests) | "reference" (pure jnp). "auto" needs `platform=` ("cpu" | "gpu" | "tpu": the platform the
+tests) | "reference" (pure jnp) | "ragged" (gmm / tgmm only: jax.lax.ragged_dot, XLA's grouped matmul). "auto" needs `platform=` ("cpu" | "gpu" | "tpu": the platform the
 program is compiled for, i.e. the mesh's devices, never the host's default backend): "tpu" -> Pallas
 Mosaic kernels; "gpu" -> XLA (no Pallas GPU kernels yet); "cpu" -> XLA fallback.
 """
@@ -64,7 +64,8 @@ def gmm(lhs_MK, rhs_GKN, group_sizes_G, *, quant="none", preferred_element_type=
     rhs_GKN may be a QuantizedExperts from quantize_experts (inference: weights stored quantized, forward only).
     """
     return _gmm_ops.gmm(lhs_MK, rhs_GKN, group_sizes_G, quant=quant,
-                        preferred_element_type=preferred_element_type, impl=resolve_impl(impl, platform),
+                        preferred_element_type=preferred_element_type,
+                        impl=resolve_impl(impl, platform, grouped=True),
                         tiling=tiling)
 
 
@@ -72,7 +73,7 @@ def tgmm(lhs_MK, dy_MN, group_sizes_G, *, preferred_element_type=jnp.float32, im
          tiling=None):
     """Per-group weight gradient out[g] = lhs[rows of g]^T @ dy[rows of g] -> [G,K,N]."""
     return _gmm_ops.tgmm(lhs_MK, dy_MN, group_sizes_G, preferred_element_type=preferred_element_type,
-                         impl=resolve_impl(impl, platform), tiling=tiling)
+                         impl=resolve_impl(impl, platform, grouped=True), tiling=tiling)
 
 
 def _check_ids(name, x, b, length, letters):

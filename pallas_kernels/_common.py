@@ -8,15 +8,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-IMPLS = ("auto", "xla", "pallas", "interpret", "reference")
+IMPLS = ("auto", "xla", "pallas", "interpret", "reference", "ragged")
 PLATFORMS = ("cpu", "gpu", "tpu")
 QUANTS = ("none", "mxfp8", "nvfp4", "int8")
 
 
-def resolve_impl(impl: str, platform: str | None, *, has_pallas_gpu: bool = False) -> str:
-    """Map impl="auto" to the concrete path for the target `platform` (never the host's backend)."""
-    if impl not in IMPLS:
-        raise ValueError(f"impl must be one of {IMPLS}, got impl={impl!r}")
+def resolve_impl(impl: str, platform: str | None, *, has_pallas_gpu: bool = False, grouped: bool = False) -> str:
+    """Map impl="auto" to the concrete path for the target `platform` (never the host's backend).
+    "ragged" (jax.lax.ragged_dot) exists for the grouped matmuls only (grouped=True)."""
+    if impl not in IMPLS or (impl == "ragged" and not grouped):
+        names = IMPLS if grouped else tuple(i for i in IMPLS if i != "ragged")
+        raise ValueError(f"impl must be one of {names}, got impl={impl!r}")
     if platform is not None and platform not in PLATFORMS:
         raise ValueError(f"platform must be one of {PLATFORMS} or None, got platform={platform!r}")
     has_pallas = platform == "tpu" or (platform == "gpu" and has_pallas_gpu)

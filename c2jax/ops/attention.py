@@ -26,7 +26,8 @@ from c2jax.parallel.mesh import row_axes, spec_entry
 ATTENTION = define_op("attention", {
     "tpu": ("pallas_flash", "xla_blocked"),
     "cpu": ("cpu_ffi", "xla_blocked"),
-    "gpu": ("xla_blocked",),
+    # GPU: cuDNN's fused attention where its shapes allow (bf16/fp16, equal q/k and v head dims)
+    "gpu": ("cudnn", "xla_blocked"),
 })
 # MLA with a latent cache (prefill and decode): the up-projection absorbed into query and output
 MLA_CACHE_ATTENTION = define_op("mla_cache_attention", {"tpu": ("pallas", "xla_absorbed"), "*": ("xla_absorbed",)})
@@ -80,6 +81,35 @@ def _xla_dense(q, k, v, positions_BL, segment_ids_BL, scale):
 def _cpu_ffi(q, k, v, positions_BL, segment_ids_BL, scale):
     from c2jax.backends.cpu import attention as cpu_attention
     return cpu_attention.causal_attention(q, k, v, positions_BL, segment_ids_BL, scale).astype(q.dtype)
+
+
+def _cudnn_ok(target: Target, **spec):
+    if target.platform != "gpu":
+        return f"cuDNN runs on GPU (target is {target.platform})"
+    return _not_cp(spec) or _sdpa_shapes(spec["q"], spec["v"])
+
+
+def _sdpa_shapes(q, v):
+    if q.dtype not in (jnp.bfloat16, jnp.float16):
+        return f"cuDNN attention takes bf16/fp16 (got {q.dtype})"
+    if q.shape[-1] != v.shape[-1] or q.shape[-1] % 8 or q.shape[-1] > 128:
+        return f"cuDNN attention needs equal q/k and v head dims, a multiple of 8, <= 128 (got {q.shape[-1]}, " \
+               f"{v.shape[-1]})"
+    return None
+
+
+def _sdpa(implementation: str):
+    def run(q, k, v, positions_BL, segment_ids_BL, scale):
+        mask_B1LL = attention_mask(positions_BL, positions_BL, segment_ids_BL, segment_ids_BL)[:, None]
+        return jax.nn.dot_product_attention(q, k, v, mask=mask_B1LL, scale=scale, implementation=implementation)
+    return run
+
+
+ATTENTION.register("cudnn", _cudnn_ok, doc="jax.nn.dot_product_attention on cuDNN (fused, forward and backward)")(
+    _sdpa("cudnn"))
+ATTENTION.register("xla_sdpa", lambda target, **spec: _not_cp(spec),
+                   doc="jax.nn.dot_product_attention's XLA form, the cuDNN path's mask and layout (tests on CPU)")(
+    _sdpa("xla"))
 
 
 def _flash_call(impl: str, q, k, v, scale, **masks):

@@ -21,12 +21,12 @@ EXPERTS = define_op("experts", {
     # kernel (float32, one device), else expert-aligned blocks; the grouped scan under EP
     "cpu": ("xla_gather", "cpu_ffi", "xla_blocks", "xla_grouped"),
     # GPU (experiments/results/gpu_h200): the capacity einsum trained the 89M bench at 410k tokens/s
-    # where the grouped scan ran 78k; dropless forwards use the grouped scan
-    "gpu": ("xla_gather", "xla_capacity", "xla_grouped"),
+    # where the row-tiled grouped scan ran 78k; dropless forwards use XLA's ragged_dot
+    "gpu": ("xla_gather", "xla_capacity", "xla_ragged"),
 })
 
 # grouped implementations -> pallas_kernels.gmm's impl (the one kind that runs under expert parallelism)
-GROUPED = {"pallas_gmm": "pallas", "pallas_gmm_interpret": "interpret", "xla_grouped": "xla"}
+GROUPED = {"pallas_gmm": "pallas", "pallas_gmm_interpret": "interpret", "xla_grouped": "xla", "xla_ragged": "ragged"}
 
 
 def _spec_reason(spec, *, grouped: bool = False):
@@ -79,6 +79,8 @@ EXPERTS.register("pallas_gmm_interpret", lambda target, **spec: _spec_reason(spe
                  "the Mosaic grouped matmuls run by the Pallas interpreter (tests on CPU)")(_grouped("interpret"))
 EXPERTS.register("xla_grouped", lambda target, **spec: _spec_reason(spec, grouped=True),
                  "sorted assignments through pallas_kernels' row-tiled XLA grouped matmul, dropless")(_grouped("xla"))
+EXPERTS.register("xla_ragged", lambda target, **spec: _spec_reason(spec, grouped=True),
+                 "sorted assignments through jax.lax.ragged_dot (a grouped GEMM on GPU), dropless")(_grouped("ragged"))
 
 
 @EXPERTS.register("xla_gather", _gather_ok, "each token reads its chosen experts' weights, dropless")

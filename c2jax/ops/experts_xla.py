@@ -26,7 +26,7 @@ def expert_ffn(x_MD, w_gate_EDF, w_up_EDF, w_down_EFD, group_sizes_E, gmm):
 
 def grouped_matmul(quant: str, impl: str):
     """gmm(lhs, rhs, group_sizes) through pallas_kernels with a concrete impl ("pallas": Mosaic,
-    "interpret": the same kernel interpreted, "xla": the row-tiled fallback)."""
+    "interpret": the same kernel interpreted, "xla": the row-tiled fallback, "ragged": ragged_dot)."""
     import pallas_kernels
 
     def gmm(lhs, rhs, gs):

@@ -29,6 +29,9 @@ def _gmm_raw(lhs_MK, rhs, group_sizes_G, impl, tiling, transpose_rhs=False):
         return reference.gmm_reference(lhs_MK, r, group_sizes_G, jnp.float32)
     if impl == "xla":
         return xla.gmm_xla(lhs_MK, rhs, group_sizes_G, transpose_rhs=transpose_rhs)
+    if impl == "ragged":   # XLA's own grouped matmul (a grouped GEMM on GPU; a masked dense product on CPU)
+        r = jnp.swapaxes(rhs, 1, 2) if transpose_rhs else rhs
+        return jax.lax.ragged_dot(lhs_MK, r.astype(lhs_MK.dtype), group_sizes_G, preferred_element_type=jnp.float32)
     return tpu.gmm_tpu(lhs_MK, rhs, group_sizes_G, transpose_rhs=transpose_rhs,
                        tiling=tiling or tpu.DEFAULT_TILING,
                        interpret=interpret_params(impl, lhs_MK, rhs, group_sizes_G))
@@ -39,6 +42,11 @@ def _tgmm_raw(lhs_MK, dy_MN, group_sizes_G, impl, tiling):
         return reference.tgmm_reference(lhs_MK, dy_MN, group_sizes_G, jnp.float32)
     if impl == "xla":
         return xla.tgmm_xla(lhs_MK, dy_MN, group_sizes_G)
+    if impl == "ragged":   # ragged contraction over the rows: one [K, N] product per group
+        dn = jax.lax.RaggedDotDimensionNumbers(dot_dimension_numbers=(([0], [0]), ([], [])),
+                                               lhs_ragged_dimensions=[0], rhs_group_dimensions=[])
+        return jax.lax.ragged_dot_general(lhs_MK, dy_MN.astype(lhs_MK.dtype), group_sizes_G, dn,
+                                          preferred_element_type=jnp.float32)
     return tpu.tgmm_tpu(lhs_MK, dy_MN, group_sizes_G, tiling=tiling or tpu.DEFAULT_TILING,
                         interpret=interpret_params(impl, lhs_MK, dy_MN, group_sizes_G))
 

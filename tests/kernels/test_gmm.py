@@ -72,12 +72,13 @@ def test_tgmm_interpret_and_xla_match_reference():
     np.testing.assert_allclose(J(pk.tgmm, impl="xla")(lhs, dy, gs), ref, atol=2e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("impl", ["interpret", "xla"])
+@pytest.mark.parametrize("impl", ["interpret", "xla", "ragged"])
 def test_gmm_gradients_match_ragged_dot_autodiff(impl):
     lhs, rhs, gs, dy = _inputs(200, 128, 128, [37, 0, 100, 3, 50], seed=1)
     loss = lambda f: lambda a, b: jnp.sum(f(a, b) * dy)
     g_ref = jax.jit(jax.grad(loss(lambda a, b: reference.gmm_reference(a, b, gs)), argnums=(0, 1)))(lhs, rhs)
-    g = jax.jit(jax.grad(loss(lambda a, b: pk.gmm(a, b, gs, impl=impl, tiling=TILING)), argnums=(0, 1)))(lhs, rhs)
+    kw = {"tiling": TILING} if impl == "interpret" else {}
+    g = jax.jit(jax.grad(loss(lambda a, b: pk.gmm(a, b, gs, impl=impl, **kw)), argnums=(0, 1)))(lhs, rhs)
     for a, b in zip(g, g_ref):
         np.testing.assert_allclose(a, b, atol=3e-4, rtol=1e-4)
 
@@ -151,6 +152,9 @@ def test_gmm_bad_inputs_raise_value_error():
         pk.gmm(lhs, rhs[0], gs, platform="cpu")
     with pytest.raises(ValueError, match="impl"):
         pk.gmm(lhs, rhs, gs, impl="cuda")
+    q = jnp.zeros((1, 2, 8, 16), jnp.float32) + 1.0
+    with pytest.raises(ValueError, match="impl must be one of"):   # ragged_dot is the grouped matmuls' only
+        pk.flash_attention(q, q, q, impl="ragged")
     with pytest.raises(ValueError, match="divisible"):
         pk.gmm(lhs[:, :24], rhs[:, :24], gs, quant="mxfp8", platform="cpu")
 

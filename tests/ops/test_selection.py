@@ -36,7 +36,7 @@ def test_auto_table_per_target():
     E = experts_ops.EXPERTS
     assert E.select("auto", TPU, **_expert_spec()).name == "pallas_gmm"
     assert E.select("auto", TPU, **_expert_spec(quant="mxfp8")).name == "pallas_gmm"
-    assert E.select("auto", GPU, **_expert_spec()).name == "xla_grouped"            # dropless
+    assert E.select("auto", GPU, **_expert_spec()).name == "xla_ragged"             # dropless
     assert E.select("auto", GPU, **_expert_spec(capacity=True)).name == "xla_capacity"     # opted-in capacity
     assert E.select("auto", CPU, **_expert_spec(T=2)).name == "xla_gather"          # decode: T * K < E
     assert E.select("auto", CPU, **_expert_spec(ep=True)).name == "xla_grouped"
@@ -48,7 +48,12 @@ def test_auto_table_per_target():
     assert A.select("auto", TPU, q=q, k=q, v=q, cp=True, ring=True).name == "xla_blocked"
     with pytest.raises(KernelUnavailable, match="ring context parallelism"):
         A.select("pallas_flash", TPU, q=q, k=q, v=q, cp=True, ring=True)
-    assert A.select("auto", GPU, q=q, k=q, v=q, cp=False).name == "xla_blocked"
+    assert A.select("auto", GPU, q=q, k=q, v=q, cp=False).name == "xla_blocked"    # float32: not cuDNN's
+    qb = q.astype(jnp.bfloat16)
+    assert A.select("auto", GPU, q=qb, k=qb, v=qb, cp=False).name == "cudnn"
+    assert A.select("auto", GPU, q=qb, k=qb, v=qb[..., :8], cp=False).name == "xla_blocked"   # MLA: v dim != q dim
+    with pytest.raises(KernelUnavailable, match="cuDNN runs on GPU"):
+        A.select("cudnn", CPU, q=qb, k=qb, v=qb, cp=False)
     D = attention_ops.DECODE_ATTENTION
     assert D.select("auto", TPU, L=1).name == "pallas"
     assert D.select("auto", TPU, L=3).name == "xla"
@@ -126,7 +131,7 @@ def _routed(T, K, E, D, F, seed, skew=0.0):
     return x, ids, wts, ws
 
 
-@pytest.mark.parametrize("name", ["xla_grouped", "pallas_gmm_interpret", "xla_gather", "xla_blocks", "cpu_ffi",
+@pytest.mark.parametrize("name", ["xla_grouped", "xla_ragged", "pallas_gmm_interpret", "xla_gather", "xla_blocks", "cpu_ffi",
                                   "xla_capacity"])
 def test_every_expert_implementation_is_dropless_by_default_and_matches_the_dense_reference(name):
     """Skewed routing (most tokens pick expert 0): dropless implementations must not drop."""
@@ -143,6 +148,22 @@ def test_every_expert_implementation_is_dropless_by_default_and_matches_the_dens
     assert float(dropped) == 0.0
     want = _dense_reference(x, ids, wts, *ws)
     np.testing.assert_allclose(np.asarray(y[0]), np.asarray(want), rtol=2e-4, atol=2e-5)
+
+
+def test_ragged_dot_experts_gradients_match_the_row_tiled_grouped_matmul():
+    """xla_ragged (GPU's dropless path: ragged_dot forward, ragged contraction for dW) against the
+    row-tiled XLA grouped matmul, values and gradients of every input."""
+    x, ids, wts, ws = _routed(40, 2, 8, 32, 48, 5, skew=2.0)
+
+    def loss(name, x, wts, *ws):
+        y, _ = experts_ops.experts({"experts": name}, x[None], ids[None], wts[None], *ws)
+        return jnp.sum(jnp.sin(y))
+    grads = {name: jax.jit(jax.value_and_grad(lambda *a, n=name: loss(n, *a), argnums=(0, 1, 2, 3, 4)))(x, wts, *ws)
+             for name in ("xla_grouped", "xla_ragged")}
+    (v0, g0), (v1, g1) = grads["xla_grouped"], grads["xla_ragged"]
+    np.testing.assert_allclose(float(v1), float(v0), rtol=1e-5)
+    for a, b in zip(g1, g0):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-4, atol=2e-5)
 
 
 def test_capacity_is_an_opt_in_that_reports_drops():
@@ -163,7 +184,7 @@ def test_public_forward_is_dropless_even_with_a_capacity_training_config():
     assert float(jnp.max(train.aux["dropped_fraction"])) > 0.0
 
 
-@pytest.mark.parametrize("name", ["xla_blocked", "xla_dense", "cpu_ffi", "pallas_flash_interpret"])
+@pytest.mark.parametrize("name", ["xla_blocked", "xla_dense", "xla_sdpa", "cpu_ffi", "pallas_flash_interpret"])
 def test_attention_implementations_agree(name):
     if name == "cpu_ffi":
         from c2jax.backends.cpu import kernels
