@@ -79,7 +79,7 @@ def run(args, precision, torch, transformers):
     tokens = args.batch * args.seq
     med = median(times)
     row = {
-        "part": "train", "impl": "hf", "variant": precision,
+        "part": "train", "impl": "hf", "model": args.model_name, "variant": precision,
         "framework": f"torch {torch.__version__} / transformers {transformers.__version__}",
         "device": str(device), "device_name": torch.cuda.get_device_name(0) if dev_type == "cuda" else "cpu",
         "dtype": {"bf16": "bfloat16", "amp": "bfloat16 autocast", "f32": "float32"}[precision],
@@ -111,6 +111,7 @@ def main() -> int:
     ap.add_argument("--precisions", default="bf16,amp")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--peak-n", type=int, default=8192, help="torch bf16 matmul peak probe size (0 = skip)")
+    ap.add_argument("--model-name", default="l", help="label of the shape in the rows (l: 89M, study: 1.40B)")
     ap.add_argument("--jsonl", default=None)
     args = ap.parse_args()
 
@@ -134,7 +135,8 @@ def main() -> int:
         except Exception as e:
             import traceback
             traceback.print_exc()
-            row = {"part": "train", "impl": "hf", "variant": precision, "error": repr(e)[-1500:]}
+            row = {"part": "train", "impl": "hf", "model": args.model_name, "variant": precision,
+                   "error": repr(e)[-1500:]}
             if args.device.startswith("cuda"):
                 torch.cuda.empty_cache()
         row["variant_wall_s"] = time.perf_counter() - t

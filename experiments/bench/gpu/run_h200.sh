@@ -4,14 +4,18 @@
 #     OUT=/some/dir bash experiments/bench/gpu/run_h200.sh
 #
 # Parts, in order, each under its own `timeout` (a failing part does not stop the rest), all
-# under one wall budget ($BUDGET s, default 330; each part's limit leaves the later parts their
-# minimum):
+# under one wall budget ($BUDGET s, default 540: a 10-minute device run; each part's limit leaves
+# the later parts their minimum):
 #   0. environment: nvidia-smi, jax.devices(), package versions
 #   1. train_c2jax.py       c2jax train step, 89M Qwen3-MoE, 32 x 2048, bf16 (then f32, grouped if time allows)
 #   2. hf_train_step_gpu.py HF Qwen3MoeForCausalLM, same shape, torch bf16 (then autocast)
-#   3. decode_c2jax.py      c2jax Sampler decode, 100m model, batches 8, 64, 1 (+ the grouped expert kernel pinned, if time allows)
-#   4. hf_generate_gpu.py   HF generate on the same weights, same batches
-#   5. summarize.py         tables + c2jax / HF ratios -> $OUT/summary.md
+#   3. train_c2jax.py       the 1.40B study model (configs/gpu_study.py), 16 x 2048, bf16 dropless
+#                           (ragged_dot experts, cuDNN attention; then XLA attention), each traced:
+#                           the top device ops by time go in its row ($OUT/profile/)
+#   4. hf_train_step_gpu.py HF peer of the study shape, bf16, torch's grouped_mm experts and SDPA
+#   5. decode_c2jax.py      c2jax Sampler decode, 100m model, batches 8, 64, 1 (+ the grouped expert kernel pinned, if time allows)
+#   6. hf_generate_gpu.py   HF generate on the same weights, same batches
+#   7. summarize.py         tables + c2jax / HF ratios -> $OUT/summary.md
 # JAX and torch never run at the same time (JAX preallocates 75% of the GPU memory per process).
 # Output: $OUT/results.jsonl (one JSON line per measurement), $OUT/log.txt, $OUT/summary.md.
 #
@@ -26,7 +30,7 @@ OUT=${OUT:-/tmp/c2jax_gpu_out}
 PY=${PY:-python3}
 PY_HF=${PY_HF:-$PY}
 SITE=${SITE:-/tmp/site}
-BUDGET=${BUDGET:-330}
+BUDGET=${BUDGET:-540}
 HF_DEVICE=${HF_DEVICE:-cuda}
 WDIR=${WDIR:-/tmp/c2jax_gpu_weights_100m}
 mkdir -p "$OUT"
@@ -44,6 +48,9 @@ if [[ -n "${TINY:-}" ]]; then
             --head-dim 32 --vocab 512)
   TRAIN=(--batch 2 --seq 64 --steps 2 --warmup 1 --peak-n 256 --variants "${TRAIN_VARIANTS:-bf16,f32,bf16_grouped}")
   HF_TRAIN=(--batch 2 --seq 64 --steps 2 --warmup 1 --peak-n 0 --precisions "${HF_PRECISIONS:-bf16,amp}")
+  STUDY=(--model study --batch 2 --seq 64 --steps 2 --warmup 1 --peak-n 0 "${JAX_SHAPE[@]}"
+         --variants "${STUDY_VARIANTS:-bf16_grouped,bf16_xla_attn}")
+  HF_STUDY=(--batch 2 --seq 64 --steps 2 --warmup 1 --peak-n 0 --precisions bf16 "${HF_SHAPE[@]}")
   DEC=(--model tiny --batches 2,1 --prompt-len 8 --new-tokens 8 --bw-bytes $((16 << 20))
        --variants "${DECODE_VARIANTS:-default,grouped}")
   HF_DEC=(--batches 2,1 --prompt-len 8 --new-tokens 8)
@@ -52,6 +59,11 @@ else
   HF_SHAPE=()
   TRAIN=(--batch 32 --seq 2048 --steps 10 --warmup 2 --peak-n 8192 --variants "${TRAIN_VARIANTS:-bf16,f32,bf16_grouped}")
   HF_TRAIN=(--batch 32 --seq 2048 --steps 8 --warmup 3 --peak-n 8192 --precisions "${HF_PRECISIONS:-bf16,amp}")
+  STUDY=(--model study --batch 16 --seq 2048 --steps 6 --warmup 2 --peak-n 0
+         --variants "${STUDY_VARIANTS:-bf16_grouped,bf16_xla_attn}")
+  HF_STUDY=(--batch 16 --seq 2048 --steps 5 --warmup 2 --peak-n 0 --precisions bf16 --layers 24 --hidden 1024
+            --experts 64 --topk 8 --moe-intermediate 256 --heads 16 --kv-heads 4 --head-dim 128 --vocab 32768
+            --experts-impl grouped_mm)
   DEC=(--model 100m --batches 8,64,1 --prompt-len 64 --new-tokens 128 --variants "${DECODE_VARIANTS:-default,grouped}")
   HF_DEC=(--batches 8,64,1 --prompt-len 64 --new-tokens 128)
 fi
@@ -93,9 +105,13 @@ main() {
   timeout 30 $PY -m pip list 2>/dev/null \
     | grep -iE '^(jax[^ ]*|flax|optax|orbax[^ ]*|chex|numpy|torch|transformers|tokenizers|safetensors|ml.collections|absl.py|pyyaml) ' || true
 
-  part train_c2jax 110 190 $PY experiments/bench/gpu/train_c2jax.py "${TRAIN[@]}" "${JAX_SHAPE[@]}" \
+  part train_c2jax 100 400 $PY experiments/bench/gpu/train_c2jax.py "${TRAIN[@]}" "${JAX_SHAPE[@]}" \
     --jsonl "$RES"
-  part train_hf 60 130 $PY_HF experiments/bench/gpu/hf_train_step_gpu.py "${HF_TRAIN[@]}" "${HF_SHAPE[@]}" \
+  part train_hf 60 340 $PY_HF experiments/bench/gpu/hf_train_step_gpu.py "${HF_TRAIN[@]}" "${HF_SHAPE[@]}" \
+    --device "$HF_DEVICE" --jsonl "$RES"
+  part study_c2jax 130 210 $PY experiments/bench/gpu/train_c2jax.py "${STUDY[@]}" --profile-dir "$OUT/profile" \
+    --jsonl "$RES"
+  part study_hf 70 140 $PY_HF experiments/bench/gpu/hf_train_step_gpu.py "${HF_STUDY[@]}" \
     --device "$HF_DEVICE" --jsonl "$RES"
   rm -rf "$WDIR"
   part decode_c2jax 90 40 $PY experiments/bench/gpu/decode_c2jax.py "${DEC[@]}" --weights-dir "$WDIR" \

@@ -22,34 +22,17 @@ def fmt(x, spec=".1f", na="n/a"):
     return na if x is None else format(x, spec)
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("jsonl")
-    ap.add_argument("--md", default=None)
-    args = ap.parse_args()
-    rows = []
-    with open(args.jsonl) as f:
-        for ln in f:
-            ln = ln.strip()
-            if ln.startswith("{"):
-                try:
-                    rows.append(json.loads(ln))
-                except json.JSONDecodeError:
-                    pass
-    env = {(r.get("impl"), r["part"]): r for r in rows if r.get("part", "").endswith("_env")}
-    train = [r for r in rows if r.get("part") == "train"]
-    decode = [r for r in rows if r.get("part") == "decode"]
+def train_table(train, model, measured, torch_peak, summary) -> list:
+    """Markdown lines of one model's train rows (ratios against that model's HF rows); fills summary."""
     ok = [r for r in train if "tokens_per_s" in r]
     fpt = next((r["flops_per_token"] for r in ok if r.get("flops_per_token")), None)
-    measured = env.get(("c2jax", "train_env"), {}).get("matmul_peak_bf16_tflops")
-    torch_peak = env.get(("hf", "train_env"), {}).get("torch_matmul_peak_bf16_tflops")
     hf = {r["variant"]: r for r in ok if r["impl"] == "hf"}
-    summary = {"part": "summary"}
+    prefix = "train_" if model == "l" else f"train_{model}_"
     out = []
     B = next((r["batch"] for r in ok), None)
     L = next((r["seq"] for r in ok), None)
     P = next((r["params"] for r in ok if r.get("params")), None)
-    out += [f"## Train step (Qwen3-MoE, {fmt(P and P / 1e6)}M params, batch {B} x {L})", "",
+    out += [f"## Train step ({model}: Qwen3-MoE, {fmt(P and P / 1e6)}M params, batch {B} x {L})", "",
             f"bf16 matmul peak measured: jnp {fmt(measured)} TFLOP/s, torch {fmt(torch_peak)} TFLOP/s; "
             f"MFU columns: vs 790 (H200 bf16, measured earlier), vs 989.5 (datasheet), vs jnp measured here. "
             f"FLOPs/token {fmt(fpt and fpt / 1e6)} M (c2jax.models.flops_per_token, used for both).", "",
@@ -76,14 +59,56 @@ def main() -> int:
             f"{fmt(x_bf16, '.2f')} | {fmt(x_amp, '.2f')} | {fmt(r.get('compile_s'))} | "
             f"{fmt(r.get('max_dropped_fraction'), '.4f')} |")
         if r["impl"] == "c2jax":
-            summary[f"train_{r['variant']}_tokens_per_s"] = tps
-            summary[f"train_{r['variant']}_mfu_vs_790"] = mfu(H200_BF16_MEASURED)
+            summary[f"{prefix}{r['variant']}_tokens_per_s"] = tps
+            summary[f"{prefix}{r['variant']}_mfu_vs_790"] = mfu(H200_BF16_MEASURED)
+            if measured and f:
+                summary[f"{prefix}{r['variant']}_mfu_vs_measured"] = f * tps / (measured * 1e12)
             if x_bf16:
-                summary[f"train_{r['variant']}_x_hf_bf16"] = x_bf16
+                summary[f"{prefix}{r['variant']}_x_hf_bf16"] = x_bf16
             if x_amp:
-                summary[f"train_{r['variant']}_x_hf_amp"] = x_amp
+                summary[f"{prefix}{r['variant']}_x_hf_amp"] = x_amp
     for name, r in hf.items():
-        summary[f"train_hf_{name}_tokens_per_s"] = r["tokens_per_s"]
+        summary[f"{prefix}hf_{name}_tokens_per_s"] = r["tokens_per_s"]
+    for r in ok:
+        prof = r.get("profile")
+        if prof and prof.get("ops"):
+            out += ["", f"Top device ops, {r['variant']} (two traced steps, {prof['total_ms']:.1f} ms of ops):", "",
+                    "| op | ms | calls | share |", "|---|---|---|---|"]
+            out += [f"| `{o['name'][:80]}` | {o['ms']:.2f} | {o['count']} | {100 * o['share']:.1f}% |"
+                    for o in prof["ops"][:10]]
+    return out + [""]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("jsonl")
+    ap.add_argument("--md", default=None)
+    args = ap.parse_args()
+    rows = []
+    with open(args.jsonl) as f:
+        for ln in f:
+            ln = ln.strip()
+            if ln.startswith("{"):
+                try:
+                    rows.append(json.loads(ln))
+                except json.JSONDecodeError:
+                    pass
+    env = {}
+    for r in rows:   # the first env row per (impl, part): the later parts' rows repeat them without peaks
+        if r.get("part", "").endswith("_env"):
+            env.setdefault((r.get("impl"), r["part"]), r)
+    train = [r for r in rows if r.get("part") == "train"]
+    decode = [r for r in rows if r.get("part") == "decode"]
+    measured = env.get(("c2jax", "train_env"), {}).get("matmul_peak_bf16_tflops")
+    torch_peak = env.get(("hf", "train_env"), {}).get("torch_matmul_peak_bf16_tflops")
+    summary = {"part": "summary"}
+    out = []
+    models = []
+    for r in train:
+        if r.get("model", "l") not in models:
+            models.append(r.get("model", "l"))
+    for model in models:
+        out += train_table([r for r in train if r.get("model", "l") == model], model, measured, torch_peak, summary)
 
     bw = env.get(("c2jax", "decode_env"), {}).get("bandwidth_GB_s")
     hf_dec = {r["batch"]: r for r in decode if r.get("impl") == "hf" and "ms_per_step" in r}

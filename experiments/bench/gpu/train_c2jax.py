@@ -10,8 +10,13 @@ with per-variant overrides for the GPU:
   bf16_cf2      as bf16 with capacity_factor 2.0
   bf16_cf8      as bf16 with capacity_factor 8.0 (train_step.py's CPU setting: capacity = all tokens,
                 8x the routed expert FLOPs on this batched-einsum path)
-  bf16_grouped  as bf16 with moe_dispatch=dropless (dropless; pallas_kernels' XLA scan fallback on GPU)
+  bf16_grouped  as bf16 with moe_dispatch=dropless (dropless: XLA's ragged_dot on GPU, c2jax.ops' auto)
+  bf16_scan     as bf16_grouped with the experts pinned to pallas_kernels' row-tiled XLA scan
+  bf16_xla_attn as bf16_grouped with attention pinned to XLA's blocked causal form (auto: cuDNN)
   f32           model.dtype=float32, capacity_factor 1.25
+--model study runs configs/gpu_study.py (1.40B Qwen3-MoE, 24 layers scanned) with the same
+peer-compatible settings; --profile-dir DIR traces two steps of each variant and adds the top
+device ops by time to its row (profile_summary.py).
 The capacity path on GPU gathers each expert's first C = factor * T * K / E assignments into one
 batched einsum; the dropped fraction (random tokens, fresh router) is reported with each row.
 MFU = flops_per_token (c2jax.models.flops_per_token, useful matmul FLOPs) x tokens/s / peak, against
@@ -36,11 +41,15 @@ VARIANTS = {
     "bf16_cf2": {"model.dtype": "bfloat16", "model.capacity_factor": 2.0},
     "bf16_cf8": {"model.dtype": "bfloat16", "model.capacity_factor": 8.0},
     "bf16_grouped": {"model.dtype": "bfloat16", "model.moe_dispatch": "dropless"},
+    "bf16_scan": {"model.dtype": "bfloat16", "model.moe_dispatch": "dropless", "model.kernels.experts": "xla_grouped"},
+    "bf16_xla_attn": {"model.dtype": "bfloat16", "model.moe_dispatch": "dropless",
+                      "model.kernels.attention": "xla_blocked"},
     "f32": {"model.dtype": "float32", "model.capacity_factor": 1.25},
 }
-# the grouped path on GPU is pallas_kernels' XLA fallback: a sequential scan of ~(T*K/128 + E) small
-# matmuls per grouped matmul (~10^4-10^5 loop steps per train step), so it gets fewer timed steps
-MAX_STEPS = {"bf16_grouped": 3}
+MODELS = {"l": ("ablation.py:l", {}), "study": ("gpu_study.py", {"model.scan_unroll": 1})}
+# the row-tiled scan is a sequential loop of ~(T*K/128 + E) small matmuls per grouped matmul
+# (~10^4-10^5 loop steps per train step), so it gets fewer timed steps
+MAX_STEPS = {"bf16_scan": 3}
 
 
 def parse_args(argv=None):
@@ -55,6 +64,9 @@ def parse_args(argv=None):
     ap.add_argument("--peak-n", type=int, default=8192, help="n of the n^3 bf16 matmul peak probe (0 = skip)")
     ap.add_argument("--budget-s", type=float, default=default_budget(),
                     help="start no optional variant past this (s; default: $PART_LIMIT - 15, else none)")
+    ap.add_argument("--model", choices=sorted(MODELS), default="l",
+                    help="l: the 89M benchmark model; study: configs/gpu_study.py (1.40B)")
+    ap.add_argument("--profile-dir", default=None, help="trace two steps per variant here; top ops go in the row")
     ap.add_argument("--jsonl", default=None)
     return ap.parse_args(argv)
 
@@ -89,8 +101,9 @@ def run_variant(args, ts, name: str, peaks: dict) -> dict:
     from c2jax.train.step import init_state, make_train_step
 
     B, L = args.batch, args.seq
-    cfg = load_config_file(os.path.join(ROOT, "configs", "ablation.py") + ":l")
-    apply_overrides(cfg, {**ts.OVERRIDES, "train.batch_size": B, "train.seq_len": L})
+    config_file, model_overrides = MODELS[args.model]
+    cfg = load_config_file(os.path.join(ROOT, "configs", config_file))
+    apply_overrides(cfg, {**ts.OVERRIDES, **model_overrides, "train.batch_size": B, "train.seq_len": L})
     apply_overrides(cfg, VARIANTS[name])
     apply_overrides(cfg, list(args.set))
     validate(cfg)
@@ -130,6 +143,16 @@ def run_variant(args, ts, name: str, peaks: dict) -> dict:
         state, metrics = compiled(state, batch)
     jax.block_until_ready(state)
     pipelined_s = (time.perf_counter() - t0) / max(n_steps, 1)
+    profile = None
+    if args.profile_dir:
+        from profile_summary import newest_trace, top_ops
+        trace_dir = os.path.join(args.profile_dir, f"{args.model}_{name}")
+        jax.profiler.start_trace(trace_dir)
+        for _ in range(2):
+            state, metrics = compiled(state, batch)
+        jax.block_until_ready(state)
+        jax.profiler.stop_trace()
+        profile = top_ops(newest_trace(trace_dir), 15)
     step_s = statistics.median(times)
     tps = B * L / step_s
     mem = {}
@@ -139,13 +162,13 @@ def run_variant(args, ts, name: str, peaks: dict) -> dict:
     except Exception as e:  # CPU backends may not report
         mem = {"error": repr(e)[:200]}
     row = {
-        "part": "train", "impl": "c2jax", "variant": name, "overrides": {**VARIANTS[name], **dict(
+        "part": "train", "impl": "c2jax", "model": args.model, "variant": name, "overrides": {**VARIANTS[name], **dict(
             s.split("=", 1) for s in args.set)},
         "dtype": cfg.model.dtype, "param_dtype": cfg.model.param_dtype,
         "dispatch": cfg.model.moe_dispatch, "capacity_factor": cfg.model.capacity_factor,
         "kernels": kernels,
         "batch": B, "seq": L, "tokens_per_step": B * L,
-        "params": counts["total"], "params_match_peer": counts["total"] == ts.PEER_PARAMS,
+        "params": counts["total"], "params_match_peer": counts["total"] == ts.PEER_PARAMS if args.model == "l" else None,
         "flops_per_token": fpt,
         "step_s_median": step_s, "step_s": [round(x, 5) for x in times],
         "step_s_pipelined": pipelined_s,
@@ -156,6 +179,8 @@ def run_variant(args, ts, name: str, peaks: dict) -> dict:
         "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
         "max_dropped_fraction": max(dropped) if dropped else None, "memory": mem,
     }
+    if profile is not None:
+        row["profile"] = profile
     if peaks.get("bf16"):
         row["mfu_vs_measured_bf16"] = fpt * tps / peaks["bf16"]
     return row
