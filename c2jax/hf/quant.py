@@ -56,9 +56,11 @@ def scheme_of(hf: dict) -> Scheme:
         return Scheme("fp8", block=(int(block[0]), int(block[1])), raw=q)
     if method == "compressed-tensors":
         fmt = q.get("format")
+        if fmt not in (None, "pack-quantized", "mixed-precision"):
+            raise CheckpointError(f"compressed-tensors format {fmt!r} is not supported; c2jax reads pack-quantized")
         groups = q.get("config_groups") or {}
         for name, g in groups.items():
-            gfmt = g.get("format") or fmt
+            gfmt = g.get("format") or fmt or "pack-quantized"
             if gfmt != "pack-quantized":
                 raise CheckpointError(f"compressed-tensors format {gfmt!r} (group {name}) is not supported; "
                                       "c2jax reads pack-quantized")
