@@ -141,7 +141,7 @@ def load(path: str, shardings=None, dtype: str | None = None, mtp: bool | None =
 
         def cb(index, src=src, shape=leaf.shape, key=path_key):
             with COUNTER.scope() as box:
-                a = _read_leaf_slice(ckpt, src, shape, index).astype(pdt)
+                a = _read_leaf_slice(ckpt, src, shape, index).astype(pdt, copy=False)
             stats["reads"].append((key, tuple(index), box[0]))
             return a
         leaves[path_key] = jax.make_array_from_callback(leaf.shape, flat_shardings.get(path_key, default), cb)

@@ -35,7 +35,7 @@ class Checkpoint:
             weight_map = {k: "model.safetensors" for k in SafetensorsFile(single).keys()}
         else:
             raise CheckpointError(f"{path}: no model.safetensors or model.safetensors.index.json")
-        self.path, self.weight_map, self.scheme, self._files = path, weight_map, scheme, {}
+        self.path, self.weight_map, self.scheme, self._files, self._shapes = path, weight_map, scheme, {}, {}
         self.prefix = ""
         if wrapped:
             found = [p for p in TEXT_PREFIXES if p + "model.embed_tokens.weight" in weight_map]
@@ -85,7 +85,12 @@ class Checkpoint:
         raise CheckpointError(f"{self.path}: tensor {self.prefix + name!r} is missing from the checkpoint")
 
     def shape(self, name: str) -> tuple[int, ...]:
-        """The logical (dequantized) shape of weight `name`."""
+        """The logical (dequantized) shape of weight `name` (remembered: a packed weight's is read once)."""
+        if name not in self._shapes:
+            self._shapes[name] = self._shape(name)
+        return self._shapes[name]
+
+    def _shape(self, name: str) -> tuple[int, ...]:
         kind = self.kind(name)
         if kind != "int":
             full = self.prefix + name
