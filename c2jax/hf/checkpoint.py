@@ -106,7 +106,7 @@ def load(path: str, shardings=None, dtype: str | None = None, mtp: bool | None =
     c2jax.parallel.param_shardings); each device reads only the bytes of its slices. dtype
     overrides the parameter dtype (default float32). Quantized weights (fp8 blocks,
     pack-quantized int4/int8) are dequantized to it once, here. mtp: import the DeepSeek-V3
-    MTP layers (None: when present and representable). stats: a dict filled with
+    MTP layers (None: when present and representable, or, given shardings, iff they hold MTP heads). stats: a dict filled with
     `skipped` (tensors outside the text model by top-level name), `unused`, `reads`
     ([(param path, index, bytes read)] per slice callback), `bytes_read`, `quant`.
     progress(done, total): called after each param."""
@@ -121,6 +121,9 @@ def load(path: str, shardings=None, dtype: str | None = None, mtp: bool | None =
     if dtype:
         m.param_dtype = dtype
     ckpt = Checkpoint(path, scheme, wrapped=wrapper is not None)
+    flat_shardings = flatten_by_path(shardings) if shardings is not None else {}
+    if shardings is not None and mtp is None:   # the target tree decides: MTP heads iff it has them
+        mtp = any(str(k[0]).startswith("mtp_") for k in flat_shardings)
     m.num_mtp_layers = _mtp_layers(hf, m, ckpt, mtp, stats)
     validate_model(m)
     shapes_tree = abstract_params(m)
@@ -130,7 +133,6 @@ def load(path: str, shardings=None, dtype: str | None = None, mtp: bool | None =
     if missing:
         raise CheckpointError(f"internal: no HF source for params {sorted(missing)}")
     _check_shapes(ckpt, sources, shapes)
-    flat_shardings = flatten_by_path(shardings) if shardings is not None else {}
     default = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     pdt = dtype_of(m.param_dtype)
     stats.update(skipped=dict(ckpt.skipped), reads=[], quant=scheme.method, wrapper=wrapper)
