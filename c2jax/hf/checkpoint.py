@@ -41,8 +41,9 @@ def _expected_hf_shape(leaf_shape, src: LeafSource):
     return tuple(reversed(shape)) if src.transpose else shape
 
 
-def _read_leaf_slice(ckpt: Checkpoint, src: LeafSource, leaf_shape, index) -> np.ndarray:
-    """Read the part `index` (a tuple of slices over our layout) of one leaf."""
+def _read_leaf_slice(ckpt: Checkpoint, src: LeafSource, leaf_shape, index, dtype) -> np.ndarray:
+    """Read the part `index` (a tuple of slices over our layout) of one leaf, as `dtype`, filling
+    one output buffer matrix by matrix (host memory: the slice plus one HF matrix)."""
     index = tuple(index) + (slice(None),) * (len(leaf_shape) - len(index))
     rest = list(index)
     layer_ids, expert_ids = [None], [None]
@@ -51,14 +52,14 @@ def _read_leaf_slice(ckpt: Checkpoint, src: LeafSource, leaf_shape, index) -> np
     if src.experts is not None:
         expert_ids = list(range(*rest.pop(0).indices(src.experts)))
     hf_index = tuple(reversed(rest)) if src.transpose else tuple(rest)
-    rows = []
-    for layer in layer_ids:
-        per_expert = []
-        for e in expert_ids:
+    out = np.empty(tuple(len(range(*s.indices(d))) for s, d in zip(index, leaf_shape)), dtype)
+    for li, layer in enumerate(layer_ids):
+        for ei, e in enumerate(expert_ids):
             a = ckpt.read(src.name(layer, e), hf_index if hf_index else None)
-            per_expert.append(a.T if src.transpose else a)
-        rows.append(np.stack(per_expert) if src.experts is not None else per_expert[0])
-    return np.stack(rows) if src.layers is not None else rows[0]
+            at = (li,) if src.layers is not None else ()
+            at += (ei,) if src.experts is not None else ()
+            out[at] = a.T if src.transpose else a
+    return out
 
 
 def _check_shapes(ckpt: Checkpoint, sources, shapes):
@@ -143,7 +144,7 @@ def load(path: str, shardings=None, dtype: str | None = None, mtp: bool | None =
 
         def cb(index, src=src, shape=leaf.shape, key=path_key):
             with COUNTER.scope() as box:
-                a = _read_leaf_slice(ckpt, src, shape, index).astype(pdt, copy=False)
+                a = _read_leaf_slice(ckpt, src, shape, index, pdt)
             stats["reads"].append((key, tuple(index), box[0]))
             return a
         leaves[path_key] = jax.make_array_from_callback(leaf.shape, flat_shardings.get(path_key, default), cb)

@@ -103,18 +103,19 @@ def test_each_device_reads_only_its_slice_bytes(which, bf16_checkpoint):
 
 
 def test_callback_transient_memory_is_a_few_slices(bf16_checkpoint, monkeypatch):
-    """Host memory a slice callback allocates (tracemalloc) stays within 4x its own slice (f32),
-    well below the checkpoint: nothing reads a whole tensor, let alone the file, per slice."""
+    """Host memory a slice callback allocates (tracemalloc) stays within its own slice plus one HF
+    matrix (bounded here by 2x the slice + 64 KiB), well below the checkpoint: nothing reads a whole
+    tensor, let alone the file, per slice."""
     m, _ = c2jax.hf.load(bf16_checkpoint)
     shardings = _pod_shardings(m)
     peaks = []
     inner = hf_checkpoint._read_leaf_slice
 
-    def measured(ckpt, src, leaf_shape, index):
+    def measured(ckpt, src, leaf_shape, index, dtype):
         before = tracemalloc.get_traced_memory()[0]
         tracemalloc.reset_peak()
-        out = inner(ckpt, src, leaf_shape, index)
-        peaks.append((tracemalloc.get_traced_memory()[1] - before, out.size * 4))
+        out = inner(ckpt, src, leaf_shape, index, dtype)
+        peaks.append((tracemalloc.get_traced_memory()[1] - before, out.nbytes))
         return out
     monkeypatch.setattr(hf_checkpoint, "_read_leaf_slice", measured)
     tracemalloc.start()
@@ -122,5 +123,5 @@ def test_callback_transient_memory_is_a_few_slices(bf16_checkpoint, monkeypatch)
         c2jax.hf.load(bf16_checkpoint, shardings=shardings)
     finally:
         tracemalloc.stop()
-    assert peaks and all(p <= 4 * s + 64 << 10 for p, s in peaks), max(peaks)
+    assert peaks and all(p <= 2 * s + (64 << 10) for p, s in peaks), max(peaks)
     assert max(p for p, _ in peaks) < os.path.getsize(os.path.join(bf16_checkpoint, "model.safetensors")) / 2
