@@ -18,6 +18,7 @@ COMMANDS = {
     "compile-check": "AOT-compile the train and decode steps for a TPU topology; HBM per chip",
     "rl": "asynchronous RL (Dr. GRPO, router replay, in-flight weight updates)",
     "sweep": "run or print a sweep of config overrides and collect its metrics",
+    "convert": "HF checkpoint <-> c2jax run directory (orbax): convert --from hf|orbax SRC --to DST",
 }
 
 
@@ -69,10 +70,14 @@ def main(argv=None) -> int:
     from c2jax import hostmem
     # Before anything starts XLA's threads: they must allocate from the arena set up here.
     hostmem.retain_freed_memory()
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["convert"]:   # its own arguments (c2jax.convert)
+        from c2jax.convert import main as convert_main
+        return convert_main(argv[1:])
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("absl", "jax._src", "orbax", "grain"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    args, overrides = _parse(sys.argv[1:] if argv is None else argv)
+    args, overrides = _parse(argv)
     from absl import flags
     flags.FLAGS.mark_as_parsed()
     from c2jax.config import ConfigError, load_config

@@ -19,4 +19,6 @@ print("torch", torch.__version__, "cuda build:", torch.version.cuda)
 sys.exit(1 if torch.version.cuda else 0)
 PY
 "$VENV/bin/python" -m pip install "transformers==5.23.0" safetensors numpy
+# compressed-tensors: its own int4 quantize / pack_to_int32 build the pack-quantized fixtures.
+"$VENV/bin/python" -m pip install "compressed-tensors==0.20.1"
 "$VENV/bin/python" -c "import torch, transformers, safetensors, numpy; print('ok torch', torch.__version__, 'transformers', transformers.__version__, 'numpy', numpy.__version__)"
