@@ -74,8 +74,7 @@ def mtp_layer(m, depth: int) -> int:
 
 
 # MTP tensors that duplicate main-model weights in DeepSeek-V3 checkpoints: (HF suffix, our leaf).
-MTP_SHARED = (("embed_tokens.weight", ("embed",)), ("shared_head.norm.weight", ("final_norm", "scale")),
-              ("shared_head.head.weight", ("lm_head", "kernel")))
+MTP_SHARED = (("embed_tokens.weight", ("embed",)), ("shared_head.head.weight", ("lm_head", "kernel")))
 
 
 def leaf_sources(cfg) -> dict[tuple, LeafSource]:
@@ -94,7 +93,8 @@ def leaf_sources(cfg) -> dict[tuple, LeafSource]:
             out[("moe_layers", "block") + path] = src
     for d in range(1, m.num_mtp_layers + 1):
         i, head = mtp_layer(m, d), f"mtp_{d}"
-        for suffix, ours in (("hnorm.weight", ("hnorm", "scale")), ("enorm.weight", ("enorm", "scale"))):
+        for suffix, ours in (("hnorm.weight", ("hnorm", "scale")), ("enorm.weight", ("enorm", "scale")),
+                             ("shared_head.norm.weight", ("norm", "scale"))):
             out[(head,) + ours] = LeafSource(lambda _i, e, n=f"model.layers.{i}.{suffix}": n)
         out[(head, "eh_proj", "kernel")] = LeafSource(lambda _i, e, n=f"model.layers.{i}.eh_proj.weight": n,
                                                      transpose=True)

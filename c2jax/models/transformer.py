@@ -99,7 +99,9 @@ def _stack(cfg, moe: bool, n: int, name: str):
 
 class MTPHead(nn.Module):
     """DeepSeek-V3 multi-token prediction module: combine the previous depth's hidden state
-    with the embedding of the token `depth` steps ahead, run one decoder layer."""
+    with the embedding of the token `depth` steps ahead, run one decoder layer. Returns the
+    layer's hidden state (the next depth's input) and that state under the head's own output norm
+    ("norm", DeepSeek-V3's shared_head.norm), which the shared output head reads."""
 
     cfg: Any
     moe: bool
@@ -113,12 +115,13 @@ class MTPHead(nn.Module):
         x = Linear(m.hidden_size, (None, "embed"), dtype=dtype_of(m.dtype), param_dtype=pdt, kernels=kernels_of(m),
                    init_std=m.init_std, name="eh_proj")(jnp.concatenate([en, hn], axis=-1))
         x, aux, new_cache = Block(m, self.moe, name="block")(x, positions_BL, segment_ids_BL, None, cache)
-        return (x, aux, new_cache) if cache is not None else (x, aux)
+        normed = RMSNorm(m.rms_norm_eps, "embed", pdt, kernels_of(m), name="norm")(x)
+        return (x, normed, aux, new_cache) if cache is not None else (x, normed, aux)
 
 
 class MTPStep(nn.Module):
     """One MTP head on the KV-cache path (speculative drafting): the same param names as in
-    Transformer (embed, mtp_{depth}, final_norm, lm_head), so it applies to the model's params."""
+    Transformer (embed, mtp_{depth}, lm_head), so it applies to the model's params."""
 
     cfg: Any
     depth: int
@@ -129,9 +132,8 @@ class MTPStep(nn.Module):
         dt, pdt = dtype_of(m.dtype), dtype_of(m.param_dtype)
         embed = self.param("embed", nn.initializers.normal(m.init_std), (m.vocab_size, m.hidden_size), pdt)
         next_emb = embed_lookup(embed, ahead_BL, dt)
-        h, _, new_cache = MTPHead(m, layer_counts(m)[1] > 0, name=f"mtp_{self.depth}")(
+        h, h_out, _, new_cache = MTPHead(m, layer_counts(m)[1] > 0, name=f"mtp_{self.depth}")(
             h_BLD, next_emb, positions_BL, jnp.ones_like(ahead_BL), cache)
-        h_out = RMSNorm(m.rms_norm_eps, "embed", pdt, kernels_of(m), name="final_norm")(h)
         if m.tie_embeddings:
             logits = jnp.einsum("bld,vd->blv", h_out, embed.astype(dt), preferred_element_type=jnp.float32)
         else:
@@ -181,7 +183,9 @@ class Transformer(nn.Module):
                                                     param_dtype=pdt, init_std=m.init_std, name="lm_head")
 
         def logits_of(h_BLD):
-            h = final_norm(h_BLD)
+            return project(final_norm(h_BLD))
+
+        def project(h):
             if head is None:
                 out = jnp.einsum("bld,vd->blv", h, embed.astype(dt), preferred_element_type=jnp.float32)
             else:
@@ -194,8 +198,8 @@ class Transformer(nn.Module):
             for d in range(1, m.num_mtp_layers + 1):
                 ahead_BL = jnp.concatenate([tokens_BL[:, d:], jnp.zeros_like(tokens_BL[:, :d])], axis=1)
                 next_emb = embed_lookup(embed, ahead_BL, dt)
-                h, _ = MTPHead(m, n_moe > 0, name=f"mtp_{d}")(h, next_emb, positions_BL, segment_ids_BL)
-                mtp_logits.append(logits_of(h))
+                h, normed, _ = MTPHead(m, n_moe > 0, name=f"mtp_{d}")(h, next_emb, positions_BL, segment_ids_BL)
+                mtp_logits.append(project(normed))
             aux["mtp_logits"] = jnp.stack(mtp_logits)
         return logits, aux, (new_cache if cache else None)
 

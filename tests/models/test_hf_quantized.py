@@ -7,6 +7,7 @@ import os
 import shutil
 
 import jax
+import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
@@ -146,18 +147,26 @@ def test_misshaped_scale_is_named(tmp_path):
         c2jax.hf.load(str(dst))
 
 
-def test_mtp_head_norm_must_match_final_norm(tmp_path):
+def test_mtp_head_keeps_its_own_output_norm(tmp_path):
+    """DeepSeek-V3's shared_head.norm is the MTP head's own output norm: a value that differs from
+    model.norm is imported into mtp_1/norm, changes only the MTP logits, and saves back."""
     dst = tmp_path / "x"
     shutil.copytree(os.path.join(FIX, FP8), dst)
     t = _tensors(str(dst))
-    t["model.layers.3.shared_head.norm.weight"] = (t["model.norm.weight"].astype(np.float32) * 1.5).astype(
-        t["model.norm.weight"].dtype)
+    norm = (t["model.norm.weight"].astype(np.float32) * 1.5).astype(t["model.norm.weight"].dtype)
+    t["model.layers.3.shared_head.norm.weight"] = norm
     write_file(t, str(dst / "model.safetensors"))
-    with pytest.raises(CheckpointError, match="shared_head.norm.weight differs from model.norm.weight"):
-        c2jax.hf.load(str(dst), mtp=True)
-    stats = {}
-    m, params = c2jax.hf.load(str(dst), stats=stats)   # default: skipped, and said why
-    assert m.num_mtp_layers == 0 and "mtp_1" not in params and "differs" in stats["mtp_skipped"]
+    m, params = c2jax.hf.load(str(dst), mtp=True)
+    np.testing.assert_array_equal(np.asarray(params["mtp_1"]["norm"]["scale"]), norm.astype(np.float32))
+    m0, params0 = c2jax.hf.load(os.path.join(FIX, FP8), mtp=True)
+    tokens = jax.random.randint(jax.random.key(3), (2, 8), 0, m.vocab_size)
+    out = c2jax.models.forward(m, params, tokens, return_aux=True)
+    out0 = c2jax.models.forward(m0, params0, tokens, return_aux=True)
+    np.testing.assert_array_equal(np.asarray(out.logits), np.asarray(out0.logits))
+    assert float(jnp.max(jnp.abs(out.aux["mtp_logits"] - out0.aux["mtp_logits"]))) > 1e-3
+    c2jax.hf.save(m, params, str(tmp_path / "back"))
+    np.testing.assert_array_equal(_tensors(str(tmp_path / "back"))["model.layers.3.shared_head.norm.weight"]
+                                  .astype(np.float32), norm.astype(np.float32))
     m, params = c2jax.hf.load(os.path.join(FIX, FP8), mtp=False)
     assert m.num_mtp_layers == 0 and "mtp_1" not in params
 
