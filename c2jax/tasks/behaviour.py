@@ -312,7 +312,7 @@ def grade_behaviour_task(task: Task, workspace: Path, run, episode: dict | None)
     if task.hidden_tests:
         g = task.run_hidden_tests(workspace, run)
         checks.insert(0, Check("hidden_tests", g.passed, float(g.passed),
-                               {k: g.details[k] for k in ("returncode", "marker_seen", "stdout_tail")}))
+                               {k: g.details.get(k) for k in ("returncode", "problem", "tests", "errors")}))
     passed = all(c.passed for c in checks)
     score = sum(c.score for c in checks) / max(len(checks), 1)
     return Grade(passed, score if not passed else 1.0,
@@ -336,7 +336,7 @@ def _mk(category: str, prompt: str, files: dict, hidden: str | None, ref: list, 
     behaviour = dict(behaviour, bad_outcomes=[_bad("do_nothing", [], "")] + bads)
     return BehaviourTask(task_id=f"behaviour-{category}-{stable_hash(fp):012x}", suite="behaviour",
                          split=split_of(fp), prompt=prompt, files=files, hidden_tests=hidden_tests,
-                         test_command=["python3", ".c2jax_hidden/test_behaviour.py"] if hidden else [],
+                         test_command=None,
                          reference_solution=ref, reference_message=ref_msg, grader=category,
                          system_rules=system_rules, interruption=interruption,
                          metadata={"difficulty": 1, "mutation": category, "behaviour": behaviour},

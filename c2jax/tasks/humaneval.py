@@ -34,7 +34,7 @@ def make_task(problem: dict) -> Task:
         prompt=f"Implement `{entry}` in solution.py as its docstring describes.",
         files={"solution.py": src},
         hidden_tests={".c2jax_hidden/test_solution.py": plain_test_script(body)},
-        test_command=["python3", ".c2jax_hidden/test_solution.py"],
+        test_command=None,
         reference_solution=[{"name": "write_file", "arguments": {
             "path": "solution.py", "content": src + problem["canonical_solution"]}}],
         metadata={"difficulty": 1, "source_id": pid, "entry_point": entry, "mutation": "missing_body"},
