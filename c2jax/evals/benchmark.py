@@ -192,8 +192,8 @@ def eval_defaults():
     e.policy = "oracle"                # "oracle" | "do_nothing" | "model" (needs a policy_factory)
     e.concurrency = 8                  # episodes in flight
     e.max_turns = 32                   # assistant messages per episode
-    e.max_total_tokens = 65536         # context budget per episode
-    e.max_new_tokens = 4096            # per assistant message
+    e.max_total_tokens = 262_144       # context budget per episode
+    e.max_new_tokens = 32_768          # per assistant message (a 16 KB write_file fits)
     e.run_timeout_s = 30.0             # cap on run / run_tests tool calls
     e.active_params = 0.0              # active parameters for the FLOPs estimate (0: omit)
     e.model_run = ""                   # run directory whose model is evaluated when policy == "model"
