@@ -379,6 +379,21 @@ def _mark_truncated(parsed: cf.ParsedMessage, limit: int) -> int:
     return 0
 
 
+def exception_metrics(stats: list[dict]) -> dict:
+    """Grader / harness exceptions and truncated turns over one step's episodes, with the types."""
+    out: dict = {}
+    for kind in ("grader", "harness"):
+        types: dict[str, int] = {}
+        for st in stats:
+            if st.get(f"{kind}_exceptions", 0):
+                name = st.get(f"{kind}_exception_type") or "?"
+                types[name] = types.get(name, 0) + int(st[f"{kind}_exceptions"])
+        out[f"{kind}_exceptions"] = sum(types.values())
+        out[f"{kind}_exception_types"] = dict(sorted(types.items()))
+    out["truncated_turns"] = int(sum(st.get("truncated_turns", 0) for st in stats))
+    return out
+
+
 def _count_message_tokens(codec: cf.TokenCodec, parsed: cf.ParsedMessage, stats: dict) -> None:
     """Approximate per-kind token counts (re-encoded text) for length penalties."""
     if parsed.thinking:

@@ -257,3 +257,13 @@ def test_a_grader_exception_is_counted(sandbox, fake_task):
     res = run_episode(task, DoNothingPolicy(), None, sandbox)
     assert res.stats["grader_exceptions"] == 1 and res.stats["grader_exception_type"] == "Boom"
     assert res.trajectory.stats["grader_exceptions"] == 1 and res.grade.score == 0.0
+
+
+def test_exception_metrics_count_per_type():
+    from c2jax.agent.runner import exception_metrics
+    stats = [{"grader_exceptions": 1, "grader_exception_type": "KeyError", "truncated_turns": 2},
+             {"grader_exceptions": 1, "grader_exception_type": "KeyError", "harness_exceptions": 1,
+              "harness_exception_type": "OSError"}, {}]
+    m = exception_metrics(stats)
+    assert m == {"grader_exceptions": 2, "grader_exception_types": {"KeyError": 2}, "harness_exceptions": 1,
+                 "harness_exception_types": {"OSError": 1}, "truncated_turns": 2}
