@@ -116,6 +116,8 @@ class Task:
     interruption: (n, message): after the agent's n-th assistant turn (1-based), the runner
       injects `message` as a user turn; the final state must meet the new requirement.
     tools: tool names the task allows (None: the harness default set).
+    rule_checks: the task's own checks of the end state (c2jax.tasks.authoring.RuleContext ->
+      bool | (bool, details) | Check); all must pass, on top of the hidden tests.
     grader: None for test-verified tasks; behaviour tasks (c2jax.tasks.behaviour.BehaviourTask,
       which grades them) name their check set and keep its parameters in metadata["behaviour"].
     """
@@ -135,6 +137,7 @@ class Task:
     reference_message: str = ""
     grader: str | None = None
     timeout_s: float = 60.0
+    rule_checks: tuple = ()  # c2jax.tasks.authoring: callables or "module:function" strings
 
     def __post_init__(self):
         if self.split not in ("train", "heldout"):
@@ -142,6 +145,10 @@ class Task:
         for p in list(self.files) + list(self.hidden_tests):
             if p.startswith("/") or ".." in Path(p).parts:
                 raise ValueError(f"Task {self.task_id}: file path {p!r} must be relative, inside the repo")
+        from c2jax.tasks.authoring import check_ref_format
+        self.rule_checks = tuple(self.rule_checks or ())
+        for ref in self.rule_checks:
+            check_ref_format(ref, f"Task {self.task_id}: rule check")
         overlap = set(self.files) & set(self.hidden_tests)
         if overlap:
             raise ValueError(f"Task {self.task_id}: hidden tests {sorted(overlap)} are also repository files")
@@ -206,7 +213,22 @@ class Task:
         if self.grader is not None:
             raise TypeError(f"Task {self.task_id} names the behaviour grader {self.grader!r} but is a plain Task; "
                             f"build it as c2jax.tasks.behaviour.BehaviourTask (which runs those checks)")
-        return self.run_hidden_tests(workspace_path, run)
+        if not self.rule_checks:
+            return self.run_hidden_tests(workspace_path, run)
+        from c2jax.tasks.authoring import RuleContext, run_rule_checks
+        episode = episode or {}
+        final = snapshot_files(workspace_path)  # before the tests run: they may write files
+        ctx = RuleContext(episode.get("original_files") or self.files, final, episode.get("final_message", "") or "",
+                          episode.get("tool_calls") or [], self)
+        checks = run_rule_checks(self, ctx)
+        tests = self.run_hidden_tests(workspace_path, run) if self.hidden_tests else None
+        passed = all(c.passed for c in checks) and (tests is None or tests.passed)
+        parts = [c.score for c in checks] + ([tests.score] if tests is not None else [])
+        score = 1.0 if passed else min(0.99, sum(parts) / len(parts))
+        details = {"rule_checks": {c.name: dataclasses.asdict(c) for c in checks}}
+        if tests is not None:
+            details["hidden_tests"] = {"passed": tests.passed, **tests.details}
+        return Grade(passed, score, details)
 
 
 # Per-test reports: runners may print `C2JAX_REPORT <nonce> <json>` with {test_id: outcome}.
