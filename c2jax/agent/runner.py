@@ -384,13 +384,13 @@ def exception_metrics(stats: list[dict]) -> dict:
     out: dict = {}
     for kind in ("grader", "harness"):
         types: dict[str, int] = {}
-        for st in stats:
-            if st.get(f"{kind}_exceptions", 0):
-                name = st.get(f"{kind}_exception_type") or "?"
-                types[name] = types.get(name, 0) + int(st[f"{kind}_exceptions"])
+        for one in stats:
+            if one.get(f"{kind}_exceptions", 0):
+                name = one.get(f"{kind}_exception_type") or "?"
+                types[name] = types.get(name, 0) + int(one[f"{kind}_exceptions"])
         out[f"{kind}_exceptions"] = sum(types.values())
         out[f"{kind}_exception_types"] = dict(sorted(types.items()))
-    out["truncated_turns"] = int(sum(st.get("truncated_turns", 0) for st in stats))
+    out["truncated_turns"] = int(sum(one.get("truncated_turns", 0) for one in stats))
     return out
 
 
