@@ -111,3 +111,50 @@ def test_root_reads_as_the_trees_owner(tmp_path, sandbox):
         assert snap["root_only.txt"] == "<unreadable>" and "ROOT-ONLY" not in repr(ws.snapshot())
     finally:
         ws.cleanup()
+
+
+PROBE = '''import ctypes, os
+
+
+def reach_judge():
+    """Which of the judge's secrets the code under test can reach (all must be False)."""
+    ppid = os.getppid()
+    out = {}
+    for name in ("mem", "environ", "fd/0", "fd/1", "maps"):
+        try:
+            with open(f"/proc/{ppid}/{name}", "rb") as f:
+                f.read(1)
+            out[name] = True
+        except OSError:
+            out[name] = False
+    out["ptrace"] = ctypes.CDLL(None, use_errno=True).ptrace(16, ppid, 0, 0) == 0  # PTRACE_ATTACH
+    return out
+'''
+
+
+def test_the_judge_is_out_of_reach_of_the_tested_code(sandbox):
+    """In the sandbox (unprivileged, same uid as the judge): no /proc access, no ptrace."""
+    from c2jax.tasks.grading import run_hidden_runner
+    hidden = {"t.py": "from probe import reach_judge\n\nr = reach_judge()\nassert not any(r.values()), r\n"}
+    task = load_suite("synthetic:1", "train", n=1)[0]
+    ws = Workspace.create(dataclasses.replace(task, files={"probe.py": PROBE}), sandbox=sandbox)
+    try:
+        d = run_hidden_runner(hidden, ws.path, sandbox.run, 20)
+    finally:
+        ws.cleanup()
+    assert d["passed"], d
+
+
+@pytest.mark.parametrize("text", ["__import__('os').system('true')", "(lambda: 1)()", "[" * 500 + "]" * 500,
+                                  "x", "1 if True else 2", "{**{}}", "f'{1}'", "[i for i in ()]"])
+def test_values_from_the_tested_code_are_plain_literals_only(text):
+    from c2jax.tasks.hidden_runner import decode_literal
+    with pytest.raises(ValueError):
+        decode_literal(text)
+
+
+def test_plain_values_round_trip():
+    from c2jax.tasks.hidden_runner import decode_literal
+    for v in [1, -2.5, float("inf"), "s", b"b", None, True, (1, [2, {3: "x"}]), {1, 2}, frozenset({3}), set(), 1 + 2j]:
+        assert decode_literal(repr(v)) == v and type(decode_literal(repr(v))) is type(v)
+    assert decode_literal(repr(float("nan"))) != decode_literal(repr(float("nan")))
