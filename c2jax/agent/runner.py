@@ -379,8 +379,9 @@ def _mark_truncated(parsed: cf.ParsedMessage, limit: int) -> int:
     return 0
 
 
-def exception_metrics(stats: list[dict]) -> dict:
-    """Grader / harness exceptions and truncated turns over one step's episodes, with the types."""
+def exception_metrics(stats: list[dict], flat: bool = False) -> dict:
+    """Grader / harness exceptions and truncated turns over episodes, with the exception types:
+    `{kind}_exception_types` {type: n}, or with flat=True (scalar metrics) `{kind}_exceptions/{type}`."""
     out: dict = {}
     for kind in ("grader", "harness"):
         types: dict[str, int] = {}
@@ -389,7 +390,10 @@ def exception_metrics(stats: list[dict]) -> dict:
                 name = one.get(f"{kind}_exception_type") or "?"
                 types[name] = types.get(name, 0) + int(one[f"{kind}_exceptions"])
         out[f"{kind}_exceptions"] = sum(types.values())
-        out[f"{kind}_exception_types"] = dict(sorted(types.items()))
+        if flat:
+            out.update({f"{kind}_exceptions/{k}": v for k, v in sorted(types.items())})
+        else:
+            out[f"{kind}_exception_types"] = dict(sorted(types.items()))
     out["truncated_turns"] = int(sum(one.get("truncated_turns", 0) for one in stats))
     return out
 

@@ -267,3 +267,6 @@ def test_exception_metrics_count_per_type():
     m = exception_metrics(stats)
     assert m == {"grader_exceptions": 2, "grader_exception_types": {"KeyError": 2}, "harness_exceptions": 1,
                  "harness_exception_types": {"OSError": 1}, "truncated_turns": 2}
+    assert exception_metrics(stats, flat=True) == {
+        "grader_exceptions": 2, "grader_exceptions/KeyError": 2, "harness_exceptions": 1,
+        "harness_exceptions/OSError": 1, "truncated_turns": 2}
