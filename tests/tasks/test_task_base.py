@@ -77,6 +77,8 @@ def test_bad_paths_rejected():
         _task(hidden_tests={"tests/hidden_x.py": "def ("})
     with pytest.raises(ValueError, match="also repository files"):
         _task(hidden_tests={"calc.py": ""})
+    with pytest.raises(ValueError, match="standard-library"):
+        _task(files={"json/__init__.py": "", "calc.py": ""})
 
 
 def test_minimal_edit_is_unique_and_roundtrips():
