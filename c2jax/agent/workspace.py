@@ -122,6 +122,8 @@ def _setfsid(uid: int, gid: int) -> None:
         _LIBC.append(ctypes.CDLL(None, use_errno=True))
     _LIBC[0].setfsgid(gid)
     _LIBC[0].setfsuid(uid)
+    if _LIBC[0].setfsuid(-1) != uid:  # an invalid id changes nothing and returns the current one
+        raise PermissionError(f"setfsuid({uid}) did not take effect; refusing to read the tree as root")
 
 
 @contextlib.contextmanager
