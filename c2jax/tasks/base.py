@@ -153,17 +153,16 @@ class Task:
         if overlap:
             raise ValueError(f"Task {self.task_id}: hidden tests {sorted(overlap)} are also repository files")
         if self.test_command is None and self.hidden_tests:
-            shadows = sorted({Path(p).parts[0].removesuffix(".py") for p in self.files
-                              if p.endswith(".py") or len(Path(p).parts) > 1} & sys.stdlib_module_names)
-            if shadows:
-                raise ValueError(f"Task {self.task_id}: top-level modules {shadows} are named like standard-library "
-                                 "modules; the hidden-test runner imports those from the standard library, so "
-                                 "rename them")
-            from c2jax.tasks.grading import expected_test_ids
+            from c2jax.tasks.grading import expected_test_ids, stdlib_shadows
             try:
                 expected_test_ids(self.hidden_tests)
             except ValueError as e:
                 raise ValueError(f"Task {self.task_id}: {e}") from None
+            shadows = stdlib_shadows(self.files, self.hidden_tests)
+            if shadows:
+                raise ValueError(f"Task {self.task_id}: the hidden tests import {shadows}, which are task modules "
+                                 "named like standard-library ones; the hidden-test runner imports those from the "
+                                 "standard library, so rename them")
 
     def materialize(self, path: Path) -> Path:
         """Write the repository the agent sees into `path` (created if missing)."""

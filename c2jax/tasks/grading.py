@@ -12,6 +12,7 @@ import hashlib
 import hmac
 import json
 import secrets
+import sys
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,19 @@ def expected_test_ids(hidden_tests: dict[str, str]) -> list[str]:
                and n.name.startswith("test_")]
         ids += [f"{path}::{n}" for n in fns] or [path]
     return ids
+
+
+def stdlib_shadows(files: dict[str, str], hidden_tests: dict[str, str]) -> list[str]:
+    """Top-level names the hidden tests import that are both a task module and a stdlib module."""
+    tops = {Path(p).parts[0].removesuffix(".py") for p in files if p.endswith(".py") or len(Path(p).parts) > 1}
+    imported: set[str] = set()
+    for src in hidden_tests.values():
+        for node in ast.walk(ast.parse(src)):
+            if isinstance(node, ast.Import):
+                imported |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                imported.add(node.module.split(".")[0])
+    return sorted(tops & imported & set(sys.stdlib_module_names))
 
 
 def verify_result(stdout: str, key: bytes, run_id: str, expected: list[str]) -> dict[str, Any]:

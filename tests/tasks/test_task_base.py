@@ -78,7 +78,8 @@ def test_bad_paths_rejected():
     with pytest.raises(ValueError, match="also repository files"):
         _task(hidden_tests={"calc.py": ""})
     with pytest.raises(ValueError, match="standard-library"):
-        _task(files={"json/__init__.py": "", "calc.py": ""})
+        _task(files={"json/__init__.py": "", "calc.py": ""}, hidden_tests={"h.py": "import json.decoder\n"})
+    _task(files={"test/test_calc.py": "", "calc.py": ""})  # a stdlib name the hidden tests do not import
 
 
 def test_minimal_edit_is_unique_and_roundtrips():
