@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-# run(argv, workdir, timeout_s) -> object with returncode, stdout, stderr, timed_out.
+# run(argv, workdir, timeout_s, stdin=None) -> object with returncode, stdout, stderr, timed_out.
 RunFn = Callable[[list[str], Path, float], Any]
 
 

@@ -149,6 +149,9 @@ class Task:
         self.rule_checks = tuple(self.rule_checks or ())
         for ref in self.rule_checks:
             check_ref_format(ref, f"Task {self.task_id}: rule check")
+        if self.grader is None and not self.hidden_tests and not self.rule_checks:
+            raise ValueError(f"Task {self.task_id}: nothing to grade; give it hidden_tests or rule_checks (or build a "
+                             "c2jax.tasks.behaviour.BehaviourTask, e.g. a question)")
         overlap = set(self.files) & set(self.hidden_tests)
         if overlap:
             raise ValueError(f"Task {self.task_id}: hidden tests {sorted(overlap)} are also repository files")

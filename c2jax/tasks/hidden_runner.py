@@ -163,6 +163,9 @@ def worker(fd, root):
                     args = [dec(a) for a in msg["args"]]
                     kwargs = {k: dec(a) for k, a in msg["kwargs"].items()}
                     reply = {"ok": enc(obj(*args, **kwargs))}
+                elif op == "setattr":
+                    setattr(obj, msg["name"], dec(msg["value"]))
+                    reply = {"ok": enc(None)}
                 elif op == "getitem":
                     reply = {"ok": enc(obj[dec(msg["key"])])}
                 elif op == "len":
@@ -290,6 +293,9 @@ class _Remote:
         if name.startswith("__"):
             raise AttributeError(name)
         return object.__getattribute__(self, "_w").value(self._op("getattr", name=name)["ok"])
+
+    def __setattr__(self, name, value):
+        self._op("setattr", name=name, value=_arg(value))
 
     def __call__(self, *args, **kwargs):
         r = self._op("call", args=[_arg(a) for a in args], kwargs={str(k): _arg(v) for k, v in kwargs.items()})

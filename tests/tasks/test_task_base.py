@@ -80,6 +80,8 @@ def test_bad_paths_rejected():
     with pytest.raises(ValueError, match="standard-library"):
         _task(files={"json/__init__.py": "", "calc.py": ""}, hidden_tests={"h.py": "import json.decoder\n"})
     _task(files={"test/test_calc.py": "", "calc.py": ""})  # a stdlib name the hidden tests do not import
+    with pytest.raises(ValueError, match="nothing to grade"):
+        _task(hidden_tests={})
 
 
 def test_minimal_edit_is_unique_and_roundtrips():
