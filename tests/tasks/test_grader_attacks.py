@@ -11,7 +11,7 @@ import pytest
 from c2jax.agent.policy import OraclePolicy
 from c2jax.agent.runner import EpisodeConfig, run_episode
 from c2jax.agent.sandbox import Sandbox
-from c2jax.agent.workspace import Workspace, read_tree
+from c2jax.agent.workspace import Workspace, read_tree, write_tree_files
 from c2jax.rl.losses import default_rl_loss_config
 from c2jax.rl.rewards import compute_reward
 from c2jax.rl.rollout import reward_stats
@@ -35,8 +35,10 @@ def _tasks():
 
 
 def _grade_files(task, files, sandbox):
-    ws = Workspace.create(dataclasses.replace(task, files=files), sandbox=sandbox)
+    """Grades `task` on a workspace holding `files` (written the way the agent's tools would)."""
+    ws = Workspace.create(task, sandbox=sandbox)
     try:
+        write_tree_files(ws.path, {p: c for p, c in files.items() if task.files.get(p) != c})
         ep = {"final_message": task.reference_message, "tool_calls": [], "original_files": task.files}
         return task.grade(ws.path, sandbox.run, ep)
     finally:
