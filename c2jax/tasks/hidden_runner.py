@@ -20,7 +20,11 @@ own process (argv, environment, memory). So:
     proxy whose attributes and calls are remote. Values cross as Python literals parsed by a
     restricted decoder (plain builtin types only), anything else as an opaque handle, and an
     exception as its builtin type (or RemoteError). So a test's asserts run in the judge on
-    genuine values: the worker can only give wrong answers, die, or stall, which fail.
+    genuine values: the worker can only give wrong answers, die, or stall, which fail. A star
+    import from a task module never binds a builtin or a name the test binds itself, so the
+    task cannot replace the helpers (`abs`, `_same`, `check`) its own asserts use; helpers a
+    test takes from the task module are the task's (HumanEval runs its trusted reference
+    module in the judge for that reason).
   * The judge reports once, on stdout, as `C2JAX_RESULT <hmac> <json>`: per hidden test id
     (a file, or `file::test_fn` for files defining test_* functions) "pass" or "fail", named
     checks (`check(name, ok)`, partial credit) and the run id, signed with the key. The key
@@ -340,8 +344,9 @@ class _RemoteModule(types.ModuleType):
 class _Importer(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Task modules (names under the task root that the judge's stdlib does not have) as proxies."""
 
-    def __init__(self, worker_, root):
+    def __init__(self, worker_, root, protected=frozenset()):
         self.w, self.root = worker_, root
+        self.protected = protected  # names a star import may not bind (see _bound_names)
         self.loaded = []
 
     def _ours(self, top):
@@ -359,13 +364,28 @@ class _Importer(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         m = _RemoteModule(spec.name)
         m.__dict__["_c2jax_remote"] = self.w.value(r["ok"])
         names = r.get("names")
-        if isinstance(names, list) and all(type(n) is str and n.isidentifier() for n in names):
-            m.__all__ = names
+        if isinstance(names, list):
+            m.__all__ = [n for n in names if type(n) is str and n.isidentifier() and not n.startswith("_")
+                         and n not in self.protected]
         self.loaded.append(spec.name)
         return m
 
     def exec_module(self, module):
         pass
+
+
+def _bound_names(tree):
+    """Builtins and every name the test binds itself: `from task_module import *` may not
+    replace them (a task module listing `abs` in __all__ would otherwise judge its own asserts)."""
+    names = set(dir(builtins)) | {"check"}
+    for n in ast.walk(tree):
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(n.name)
+        elif isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+            names.add(n.id)
+        elif isinstance(n, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in n.names if a.name != "*"}
+    return frozenset(names)
 
 
 def _test_functions(src):
@@ -398,7 +418,7 @@ def run_file(path, src, root, deadline, tests, checks):
         return ok is True
 
     w = _Worker(root, deadline)
-    imp = _Importer(w, root)
+    imp = _Importer(w, root, _bound_names(ast.parse(src)))
     sys.meta_path.insert(0, imp)
     ns = {"__name__": "__c2jax_hidden__", "__file__": os.path.join(root, path), "__builtins__": builtins,
           "check": check}
