@@ -27,14 +27,16 @@ $(VENV)/.installed: requirements.lock setup.py
 system-deps:
 	@command -v bwrap >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null; \
-	  else echo "warning: bubblewrap missing; run: sudo apt-get install bubblewrap"; fi; }
+	  else echo "warning: bubblewrap missing; run: sudo apt-get install bubblewrap (make test fails without it unless C2JAX_ALLOW_MISSING=bwrap)"; fi; }
 	@command -v g++ >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq g++ >/dev/null; \
-	  else echo "warning: g++ missing (CPU decode kernel off); run: sudo apt-get install g++"; fi; }
+	  else echo "warning: g++ missing (CPU kernels off); run: sudo apt-get install g++ (make test fails without it unless C2JAX_ALLOW_MISSING=cpu_kernels)"; fi; }
 
 demo: venv
 	$(PY) -m c2jax demo --workdir runs/demo
 
+# Each pytest session first checks for bubblewrap and g++ (tests/conftest.py) and fails, saying how
+# to install them, unless C2JAX_ALLOW_MISSING=bwrap,cpu_kernels opts out (their tests then skip).
 # Ray tests start a local Ray cluster inside the pytest process (its core worker threads stay
 # for the process's life), so they run in their own process, like the 8-device tests. The
 # sampler tests run in their own process too: after the rest of the suite, XLA:CPU has crashed

@@ -7,7 +7,44 @@ from absl import flags  # noqa: E402
 
 flags.FLAGS.mark_as_parsed()  # grain reads absl flags outside an absl app
 
+import shutil  # noqa: E402
+
 import pytest  # noqa: E402
+
+# Test dependencies a machine can install; the run fails without them unless named here, e.g.
+# C2JAX_ALLOW_MISSING=bwrap,cpu_kernels. (What a machine cannot have, a TPU, still skips.)
+ALLOW_MISSING_ENV = "C2JAX_ALLOW_MISSING"
+MISSING_KINDS = ("bwrap", "cpu_kernels")
+
+
+def missing_dependencies() -> list[str]:
+    """What this machine lacks of MISSING_KINDS and has not opted out of, each with its fix."""
+    allowed = {x.strip() for x in os.environ.get(ALLOW_MISSING_ENV, "").split(",") if x.strip()}
+    unknown = allowed - set(MISSING_KINDS)
+    if unknown:
+        return [f"{ALLOW_MISSING_ENV} names unknown dependencies {sorted(unknown)}; known: {', '.join(MISSING_KINDS)}"]
+    out = []
+    if "bwrap" not in allowed:
+        from c2jax.agent.sandbox import unavailable_reason
+        why = unavailable_reason()
+        if why:
+            fix = "" if "apt-get install" in why else "\n  fix: sudo apt-get install -y bubblewrap"
+            out.append(f"bubblewrap: {why}{fix}")
+    if "cpu_kernels" not in allowed:
+        cxx = os.environ.get("CXX", "g++")
+        if shutil.which(cxx) is None:
+            out.append(f"cpu_kernels: the C++ compiler {cxx!r} is not installed, so the CPU kernels cannot be "
+                       f"built\n  fix: sudo apt-get install -y g++")
+    return out
+
+
+def pytest_sessionstart(session):
+    problems = missing_dependencies()
+    if problems:
+        raise pytest.UsageError(
+            "the test suite needs these, or their tests would skip silently:\n- " + "\n- ".join(problems)
+            + f"\nTo run without them anyway, set {ALLOW_MISSING_ENV}=<names> (e.g. "
+            f"{ALLOW_MISSING_ENV}=bwrap,cpu_kernels): their tests are then skipped.")
 
 
 @pytest.fixture(autouse=True, scope="module")

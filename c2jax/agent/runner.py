@@ -4,7 +4,10 @@ The context is one append-only token list: environment segments are rendered and
 once, model tokens are appended exactly as sampled, and history is never re-rendered, so the
 Trajectory's tokens are exactly what the model saw. Model errors (malformed calls, tool
 failures, parser surprises) become error tool results and counted stats; only a failing
-policy/sampler ends the episode early (finish_reason "policy_error").
+policy/sampler ends the episode early (finish_reason "policy_error"). A turn cut at its token
+limit is counted (stats["truncated_turns"]) and the tool call it cut off comes back as an
+explicit truncation result, so the model learns to split large edits. A grader that raises
+is counted too (stats["grader_exceptions"], with its type in stats["grader_exception_type"]).
 
 Self-summarization hook: set EpisodeConfig.context_trigger_tokens and context_hook. Before a
 model turn, when the current segment holds >= trigger tokens, context_hook(state) is called;
@@ -48,8 +51,8 @@ DEFAULT_SYSTEM_PROMPT = (
 @dataclasses.dataclass
 class EpisodeConfig:
     max_turns: int = 32                 # assistant messages per episode
-    max_total_tokens: int = 65_536      # all tokens over all segments (context budget)
-    max_new_tokens: int = 4096          # per assistant message
+    max_total_tokens: int = 262_144     # all tokens over all segments (context budget)
+    max_new_tokens: int = 32_768        # per assistant message (a 16 KB write_file fits, even byte-level)
     max_tool_output_chars: int = 8000   # per tool result
     max_calls_per_turn: int = 16        # more are errors
     max_call_chars: int = 64_000        # one tool call's JSON
@@ -98,6 +101,7 @@ class EpisodeState:
         self.total_tokens = 0
         self.system_text = ""    # set by run_episode: the rendered system prompt's text
         self.extra: dict = {}    # per-episode scratch space for context hooks
+        self.last_limit = 0      # the token limit of the last generate() call
         self._new_segment()
 
     def _new_segment(self):
@@ -133,6 +137,7 @@ class EpisodeState:
     def generate(self, max_new_tokens: int | None = None) -> list[int]:
         """One policy call on the current context; appends and returns the model tokens."""
         n = min(max_new_tokens or self.config.max_new_tokens, max(self.budget(), 0))
+        self.last_limit = n
         t0 = time.monotonic()
         out: PolicyOutput = self.policy.act(list(self.tokens), n, self.codec)
         self.stats["model_s"] += time.monotonic() - t0
@@ -200,7 +205,9 @@ def _new_stats() -> dict:
             "parallel_calls_per_turn": [], "completion_tokens": 0, "env_tokens": 0,
             "thinking_tokens": 0, "tool_call_tokens": 0, "tool_output_tokens": 0,
             "final_message_tokens": 0, "model_s": 0.0, "tool_s": 0.0, "grade_s": 0.0, "wall_s": 0.0,
-            "interrupted": False, "segments": 1, "finish_reason": "", "error": ""}
+            "interrupted": False, "segments": 1, "finish_reason": "", "error": "",
+            "truncated_turns": 0, "truncated_calls": 0, "grader_exceptions": 0, "grader_exception_type": "",
+            "harness_exceptions": 0, "harness_exception_type": ""}
 
 
 def system_text(task, config: EpisodeConfig, tools: dict[str, tl.Tool]) -> str:
@@ -280,6 +287,9 @@ def run_episode(task, policy: Policy, tokenizer=None, sandbox=None, config: Epis
                 parsed = cf.ParsedMessage("", "", [], [cf.CallError(0, "", f"could not parse the message: "
                                                                     f"{type(e).__name__}", "")], False)
             _count_message_tokens(codec, parsed, stats)
+            if not parsed.ended and len(ids) >= state.last_limit:
+                stats["truncated_turns"] += 1
+                stats["truncated_calls"] += _mark_truncated(parsed, state.last_limit)
             if not parsed.ended:
                 state.append_env(st.END_TURN)
             interrupt_now = bool(interruption) and stats["turns"] == int(interruption[0])
@@ -316,6 +326,8 @@ def run_episode(task, policy: Policy, tokenizer=None, sandbox=None, config: Epis
     except Exception as e:  # noqa: BLE001 - harness bug: record it, still return a trajectory
         finish = "harness_error"
         stats["error"] = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=8)}"
+        stats["harness_exceptions"] += 1
+        stats["harness_exception_type"] = type(e).__name__
     stats["finish_reason"] = finish
     stats["final_message"] = final_message
     grade = None
@@ -329,8 +341,11 @@ def run_episode(task, policy: Policy, tokenizer=None, sandbox=None, config: Epis
                        "original_files": dict(task.files)}
             try:
                 grade = task.grade(ws.path, sandbox.run, episode)
-            except Exception as e:  # noqa: BLE001
-                grade = EpisodeGrade(False, 0.0, {"error": f"grader raised {type(e).__name__}: {e}"})
+            except Exception as e:  # noqa: BLE001 - reward 0, but counted: a broken grader must show
+                grade = EpisodeGrade(False, 0.0, {"error": f"grader raised {type(e).__name__}: {e}",
+                                                  "grader_exception": type(e).__name__})
+                stats["grader_exceptions"] += 1
+                stats["grader_exception_type"] = type(e).__name__
             stats["grade_s"] = time.monotonic() - t0
     finally:
         if not config.keep_workspace:
@@ -348,6 +363,39 @@ def run_episode(task, policy: Policy, tokenizer=None, sandbox=None, config: Epis
     return EpisodeResult(trajectory=traj, grade=grade, stats=stats, segments=state.segments + [traj],
                          diff=diff, final_message=final_message,
                          workspace=ws if config.keep_workspace else None)
+
+
+TRUNCATED_CALL = ("your message reached the limit of {n} tokens per turn and was cut off here; this "
+                  "tool call was not run. Make large changes in smaller calls (e.g. write a file in "
+                  "parts with edit_file).")
+
+
+def _mark_truncated(parsed: cf.ParsedMessage, limit: int) -> int:
+    """Turns the call a token limit cut off into an explicit truncation error; returns 0 or 1."""
+    for e in parsed.errors:
+        if e.message.startswith("unterminated tool call"):
+            e.message = TRUNCATED_CALL.format(n=limit)
+            return 1
+    return 0
+
+
+def exception_metrics(stats: list[dict], flat: bool = False) -> dict:
+    """Grader / harness exceptions and truncated turns over episodes, with the exception types:
+    `{kind}_exception_types` {type: n}, or with flat=True (scalar metrics) `{kind}_exceptions/{type}`."""
+    out: dict = {}
+    for kind in ("grader", "harness"):
+        types: dict[str, int] = {}
+        for one in stats:
+            if one.get(f"{kind}_exceptions", 0):
+                name = one.get(f"{kind}_exception_type") or "?"
+                types[name] = types.get(name, 0) + int(one[f"{kind}_exceptions"])
+        out[f"{kind}_exceptions"] = sum(types.values())
+        if flat:
+            out.update({f"{kind}_exceptions/{k}": v for k, v in sorted(types.items())})
+        else:
+            out[f"{kind}_exception_types"] = dict(sorted(types.items()))
+    out["truncated_turns"] = int(sum(one.get("truncated_turns", 0) for one in stats))
+    return out
 
 
 def _count_message_tokens(codec: cf.TokenCodec, parsed: cf.ParsedMessage, stats: dict) -> None:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-# run(argv, workdir, timeout_s) -> object with returncode, stdout, stderr, timed_out.
+# run(argv, workdir, timeout_s, stdin=None) -> object with returncode, stdout, stderr, timed_out.
 RunFn = Callable[[list[str], Path, float], Any]
 
 
@@ -27,7 +27,7 @@ class TaskLike(Protocol):
     split: str
     prompt: str
     files: dict[str, str]                 # the repository the agent sees
-    hidden_tests: dict[str, str]          # written by grade() only, never visible to the agent
+    hidden_tests: dict[str, str]          # used by grade() only, never visible to the agent
     reference_solution: list[dict]        # [{"name": tool, "arguments": {...}}, ...] (oracle)
     system_rules: str | None              # extra rules appended to the system prompt
     interruption: tuple[int, str] | None  # (n, msg): inject `msg` after the n-th assistant turn

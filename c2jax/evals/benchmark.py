@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from c2jax.agent.runner import EpisodeConfig, EpisodeResult, run_episodes
+from c2jax.agent.runner import EpisodeConfig, EpisodeResult, exception_metrics, run_episodes
 from c2jax.tasks.base import diff_line_counts
 
 
@@ -91,6 +91,7 @@ def summarize_suite(tasks: list, results: list[list[EpisodeResult]], passes: int
         "wall_s_per_task": _mean(r.stats["wall_s"] for r in flat),
         "malformed_call_rate": (malformed / calls) if calls else 0.0,
         "finish_reasons": dict(sorted(_count(r.stats["finish_reason"] for r in flat).items())),
+        **exception_metrics([r.stats for r in flat]),
         "median_prompt_chars": statistics.median(len(t.prompt) for t in tasks) if tasks else 0,
         "median_reference_lines_changed": statistics.median(ref_lines) if ref_lines else None,
     }
@@ -142,7 +143,9 @@ COLUMNS = [("accuracy", "acc", "{:.3f}"), ("mean_score", "score", "{:.3f}"),
            ("turns_per_task", "turns", "{:.1f}"), ("wall_s_per_task", "wall s", "{:.2f}"),
            ("inference_flops_per_task", "FLOPs", "{:.3g}"), ("malformed_call_rate", "malformed", "{:.3f}"),
            ("median_prompt_chars", "prompt chars (med)", "{:.0f}"),
-           ("median_reference_lines_changed", "ref lines (med)", "{:.0f}")]
+           ("median_reference_lines_changed", "ref lines (med)", "{:.0f}"),
+           ("grader_exceptions", "grader exc.", "{:d}"), ("harness_exceptions", "harness exc.", "{:d}"),
+           ("truncated_turns", "truncated turns", "{:d}")]
 
 
 def render_markdown(report: dict) -> str:
@@ -159,6 +162,11 @@ def render_markdown(report: dict) -> str:
             v = s.get(key)
             row.append("-" if v is None else fmt.format(v))
         lines.append("| " + " | ".join(row) + " |")
+    for name, s in suites.items():
+        for kind in ("grader", "harness"):
+            if s.get(f"{kind}_exception_types"):
+                lines.append(f"\n{name}: {kind} exceptions by type: "
+                             + ", ".join(f"{k} x{v}" for k, v in s[f"{kind}_exception_types"].items()))
     lines += ["", (f"Total wall time: {report.get('wall_s', 0):.1f} s. Accuracy is the mean over passes of the "
               "fraction of tasks passed; pass@k uses the unbiased estimator; FLOPs = 2 x active params x "
               "trajectory tokens.")]
@@ -192,8 +200,8 @@ def eval_defaults():
     e.policy = "oracle"                # "oracle" | "do_nothing" | "model" (needs a policy_factory)
     e.concurrency = 8                  # episodes in flight
     e.max_turns = 32                   # assistant messages per episode
-    e.max_total_tokens = 65536         # context budget per episode
-    e.max_new_tokens = 4096            # per assistant message
+    e.max_total_tokens = 262_144       # context budget per episode
+    e.max_new_tokens = 32_768          # per assistant message (a 16 KB write_file fits)
     e.run_timeout_s = 30.0             # cap on run / run_tests tool calls
     e.active_params = 0.0              # active parameters for the FLOPs estimate (0: omit)
     e.model_run = ""                   # run directory whose model is evaluated when policy == "model"

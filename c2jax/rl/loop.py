@@ -211,6 +211,8 @@ def run_rl(cfg, workdir: str, *, hooks=None) -> dict:
             m["groups_trained"] = len(keep)
             m["trained_groups"] = [g.index for g in keep]
             m["turns_mean"] = float(np.mean([t.stats.get("turns", 1) for t in finals]))
+            from c2jax.agent.runner import exception_metrics
+            m.update(exception_metrics([t.stats for t in finals], flat=True))
             if r.summary_method != "none":
                 m["sequences_per_chain"] = len(trajs) / len(chains)
                 m["summaries_mean"] = float(np.mean([t.stats.get("summaries", 0) for t in finals]))

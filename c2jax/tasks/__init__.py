@@ -2,8 +2,10 @@
 
 `load_suite(name, split, n=None, seed=0, **kw)` is the one entry point:
   "synthetic" (kw level=1|2|3, or name "synthetic:2"), "stdlib_bugs", "humaneval", "behaviour".
-Other modules add suites with `register_suite(name, loader)`; a loader is
-`loader(split, n, seed, **kw) -> list[Task]`, deterministic in its arguments.
+Other suites come in with `register_suite(name, loader)`, by module path ("package.module:loader")
+or by the entry-point group "c2jax.task_suites"; a loader is `loader(split, n, seed, **kw) ->
+list[Task]`, deterministic in its arguments. c2jax/tasks/README.md shows how to write tasks
+(hidden-test layout, answers as patterns or functions, rule checks) with a worked example.
 
 Splits never share a task: synthetic and behaviour tasks are assigned by a hash of their
 content (~20% heldout), HumanEval by problem id (~20%), stdlib bugs by module.

@@ -1,18 +1,25 @@
 """The Task record, its grader, and the helpers every task source shares.
 
 A task is a small repository (`files`) plus a terse prompt. The agent edits the repository;
-at grading time the `hidden_tests` are written under `HIDDEN_DIR` inside the workspace, the
-`test_command` runs there through the caller's `run` callable (the harness sandbox), and the
-hidden files are removed again.
+at grading time the `hidden_tests` run against the final tree through the caller's `run`
+callable (the harness sandbox). Two protocols:
 
-Anti-spoofing: every hidden test script prints `PASS_MARKER + nonce` as its very last act, and
-only when every check passed. The nonce is drawn at grading time and substituted for
-`NONCE_PLACEHOLDER` in the hidden files, so model-written code that calls `sys.exit(0)` at
-import, or prints a fake success line, does not pass.
+* `test_command=None` (every built-in suite but stdlib_bugs): the hidden tests are Python
+  files run by the harness's own runner (c2jax.tasks.hidden_runner), which never imports the
+  task's code in the process that judges it and reports per test over a signed channel the
+  code under test cannot forge (see that module for the threat model). The tests never touch
+  the disk, so their paths are only names, in any layout.
+* a `test_command` list: the hidden tests are written at their paths in the tree, the command
+  runs, they are removed again; the pass signal is `PASS_MARKER + nonce` on stdout. The code
+  under test shares a process with such tests and could forge it; use it for trusted runners
+  only (stdlib_bugs runs CPython's own unittest files this way).
 
-Python version: `test_command` starts with "python3"; the stdlib-bug tasks run CPython 3.12's
-own test files (they import `test.support`), so the interpreter the sandbox exposes as
-`python3` must be Python 3.12. `local_run` maps "python3" to `sys.executable`.
+Every host-side read of the tree goes through c2jax.agent.workspace.read_tree (no link is
+followed; as the tree's owner when the harness is root).
+
+Python version: the stdlib-bug tasks run CPython 3.12's own test files (they import
+`test.support`), so the interpreter the sandbox exposes as `python3` must be Python 3.12.
+`local_run` maps "python3" to `sys.executable`.
 """
 from __future__ import annotations
 
@@ -20,7 +27,6 @@ import dataclasses
 import difflib
 import os
 import secrets
-import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -30,14 +36,9 @@ from typing import Any, Protocol
 HIDDEN_DIR = ".c2jax_hidden"
 NONCE_PLACEHOLDER = "__C2JAX_NONCE__"
 PASS_MARKER = "C2JAX_ALL_PASSED "
-# Written at the top of every hidden plain-python test script: import the task's code from
-# the workspace root (the script itself lives in HIDDEN_DIR) and run from the root.
+# Written at the top of every hidden plain-python test script (run by the harness runner,
+# from the task root).
 HIDDEN_PREAMBLE = (
-    "import os, sys\n"
-    "_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))\n"
-    "sys.path.insert(0, _ROOT)\n"
-    "os.chdir(_ROOT)\n"
-    "\n\n"
     "def _same(got, want):\n"
     "    # exact type first: an object whose __eq__ always says True must not pass\n"
     "    if type(got) is not type(want):\n"
@@ -71,7 +72,7 @@ class LocalRunResult:
     timed_out: bool = False
 
 
-def local_run(argv: list[str], workdir: Path, timeout_s: float = 60.0) -> LocalRunResult:
+def local_run(argv: list[str], workdir: Path, timeout_s: float = 60.0, stdin: str | None = None) -> LocalRunResult:
     """Run `argv` in `workdir` as a plain subprocess, NO sandbox.
 
     For trusted code only: reference solutions, unmodified tasks, tests of this package.
@@ -87,7 +88,8 @@ def local_run(argv: list[str], workdir: Path, timeout_s: float = 60.0) -> LocalR
     env["PYTHONHASHSEED"] = "0"
     try:
         p = subprocess.run(argv, check=False, cwd=str(workdir), capture_output=True, text=True,
-                           timeout=timeout_s, env=env, start_new_session=True)
+                           timeout=timeout_s, env=env, start_new_session=True, input=stdin,
+                           stdin=None if stdin is not None else subprocess.DEVNULL)
         return LocalRunResult(p.returncode, p.stdout, p.stderr, False)
     except subprocess.TimeoutExpired as e:
         out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
@@ -114,6 +116,8 @@ class Task:
     interruption: (n, message): after the agent's n-th assistant turn (1-based), the runner
       injects `message` as a user turn; the final state must meet the new requirement.
     tools: tool names the task allows (None: the harness default set).
+    rule_checks: the task's own checks of the end state (c2jax.tasks.authoring.RuleContext ->
+      bool | (bool, details) | Check); all must pass, on top of the hidden tests.
     grader: None for test-verified tasks; behaviour tasks (c2jax.tasks.behaviour.BehaviourTask,
       which grades them) name their check set and keep its parameters in metadata["behaviour"].
     """
@@ -124,7 +128,7 @@ class Task:
     prompt: str
     files: dict[str, str]
     hidden_tests: dict[str, str]
-    test_command: list[str]
+    test_command: list[str] | None  # None: the harness runner (see the module docstring)
     reference_solution: list[dict]
     system_rules: str | None = None
     interruption: tuple[int, str] | None = None
@@ -133,6 +137,7 @@ class Task:
     reference_message: str = ""
     grader: str | None = None
     timeout_s: float = 60.0
+    rule_checks: tuple = ()  # c2jax.tasks.authoring: callables or "module:function" strings
 
     def __post_init__(self):
         if self.split not in ("train", "heldout"):
@@ -140,9 +145,27 @@ class Task:
         for p in list(self.files) + list(self.hidden_tests):
             if p.startswith("/") or ".." in Path(p).parts:
                 raise ValueError(f"Task {self.task_id}: file path {p!r} must be relative, inside the repo")
-        for p in self.hidden_tests:
-            if Path(p).parts[0] != HIDDEN_DIR:
-                raise ValueError(f"Task {self.task_id}: hidden test {p!r} must live under {HIDDEN_DIR}/")
+        from c2jax.tasks.authoring import check_ref_format
+        self.rule_checks = tuple(self.rule_checks or ())
+        for ref in self.rule_checks:
+            check_ref_format(ref, f"Task {self.task_id}: rule check")
+        if self.grader is None and not self.hidden_tests and not self.rule_checks:
+            raise ValueError(f"Task {self.task_id}: nothing to grade; give it hidden_tests or rule_checks (or build a "
+                             "c2jax.tasks.behaviour.BehaviourTask, e.g. a question)")
+        overlap = set(self.files) & set(self.hidden_tests)
+        if overlap:
+            raise ValueError(f"Task {self.task_id}: hidden tests {sorted(overlap)} are also repository files")
+        if self.test_command is None and self.hidden_tests:
+            from c2jax.tasks.grading import expected_test_ids, stdlib_shadows
+            try:
+                expected_test_ids(self.hidden_tests)
+            except ValueError as e:
+                raise ValueError(f"Task {self.task_id}: {e}") from None
+            shadows = stdlib_shadows(self.files, self.hidden_tests)
+            if shadows:
+                raise ValueError(f"Task {self.task_id}: the hidden tests import {shadows}, which are task modules "
+                                 "named like standard-library ones; the hidden-test runner imports those from the "
+                                 "standard library, so rename them")
 
     def materialize(self, path: Path) -> Path:
         """Write the repository the agent sees into `path` (created if missing)."""
@@ -152,19 +175,27 @@ class Task:
         return path
 
     def run_hidden_tests(self, workspace_path: Path, run: Runner) -> Grade:
+        """Run the hidden tests against the tree at `workspace_path` (see the module docstring)."""
+        if self.test_command is None:
+            from c2jax.tasks.grading import run_hidden_runner
+            d = run_hidden_runner(self.hidden_tests, Path(workspace_path), run, self.timeout_s)
+            return Grade(bool(d.pop("passed")), float(d.pop("score")), d)
+        return self._run_test_command(Path(workspace_path), run)
+
+    def _run_test_command(self, workspace_path: Path, run: Runner) -> Grade:
         """Write the hidden tests (with a fresh nonce), run test_command, remove them."""
-        workspace_path = Path(workspace_path)
+        from c2jax.agent.workspace import remove_tree_path, write_tree_files
         nonce = secrets.token_hex(8)
-        hidden = workspace_path / HIDDEN_DIR
-        if hidden.exists():
-            shutil.rmtree(hidden)
+        tops = sorted({Path(p).parts[0] for p in self.hidden_tests} - {Path(p).parts[0] for p in self.files})
         try:
-            write_files(workspace_path, {k: v.replace(NONCE_PLACEHOLDER, nonce)
-                                         for k, v in self.hidden_tests.items()})
-            _give_to_workspace_owner(workspace_path, hidden)
+            write_tree_files(workspace_path, {k: v.replace(NONCE_PLACEHOLDER, nonce)
+                                              for k, v in self.hidden_tests.items()})
             r = run(list(self.test_command), workspace_path, self.timeout_s)
         finally:
-            shutil.rmtree(hidden, ignore_errors=True)
+            for rel in self.hidden_tests:
+                remove_tree_path(workspace_path, rel)
+            for top in tops:
+                remove_tree_path(workspace_path, top)
         marker_seen = (PASS_MARKER + nonce) in (r.stdout or "")
         passed = r.returncode == 0 and not r.timed_out and marker_seen
         details = {"returncode": r.returncode, "timed_out": bool(r.timed_out),
@@ -190,19 +221,22 @@ class Task:
         if self.grader is not None:
             raise TypeError(f"Task {self.task_id} names the behaviour grader {self.grader!r} but is a plain Task; "
                             f"build it as c2jax.tasks.behaviour.BehaviourTask (which runs those checks)")
-        return self.run_hidden_tests(workspace_path, run)
-
-
-def _give_to_workspace_owner(workspace_path: Path, hidden: Path) -> None:
-    """As root, hand the hidden-test dir to the workspace's owner (the sandbox uid), so the
-    tests can write caches and scratch files next to themselves."""
-    if not hasattr(os, "geteuid") or os.geteuid() != 0 or not hidden.exists():
-        return
-    st = workspace_path.stat()
-    if st.st_uid == 0:
-        return
-    for p in [hidden, *hidden.rglob("*")]:
-        os.chown(p, st.st_uid, st.st_gid, follow_symlinks=False)
+        if not self.rule_checks:
+            return self.run_hidden_tests(workspace_path, run)
+        from c2jax.tasks.authoring import RuleContext, run_rule_checks
+        episode = episode or {}
+        final = snapshot_files(workspace_path)  # before the tests run: they may write files
+        ctx = RuleContext(episode.get("original_files") or self.files, final, episode.get("final_message", "") or "",
+                          episode.get("tool_calls") or [], self)
+        checks = run_rule_checks(self, ctx)
+        tests = self.run_hidden_tests(workspace_path, run) if self.hidden_tests else None
+        passed = all(c.passed for c in checks) and (tests is None or tests.passed)
+        parts = [c.score for c in checks] + ([tests.score] if tests is not None else [])
+        score = 1.0 if passed else min(0.99, sum(parts) / len(parts))
+        details = {"rule_checks": {c.name: dataclasses.asdict(c) for c in checks}}
+        if tests is not None:
+            details["hidden_tests"] = {"passed": tests.passed, **tests.details}
+        return Grade(passed, score, details)
 
 
 # Per-test reports: runners may print `C2JAX_REPORT <nonce> <json>` with {test_id: outcome}.
@@ -230,18 +264,10 @@ def write_files(root: Path, files: dict[str, str]) -> None:
 
 
 def snapshot_files(root: Path) -> dict[str, str]:
-    """Text of every file under root (relative posix paths), skipping caches and hidden tests."""
-    root = Path(root)
-    out: dict[str, str] = {}
-    for p in sorted(root.rglob("*")):
-        rel = p.relative_to(root)
-        if any(part in IGNORED_PARTS for part in rel.parts) or not p.is_file() or p.suffix == ".pyc":
-            continue
-        try:
-            out[rel.as_posix()] = p.read_text()
-        except (UnicodeDecodeError, OSError):
-            out[rel.as_posix()] = "<binary>"
-    return out
+    """Text of every file under root (relative posix paths), skipping caches and hidden tests;
+    links are reported, never followed (c2jax.agent.workspace.read_tree)."""
+    from c2jax.agent.workspace import read_tree
+    return read_tree(Path(root), IGNORED_PARTS)
 
 
 class ReferenceError_(ValueError):
@@ -333,9 +359,8 @@ def minimal_edit(path: str, before: str, after: str) -> dict:
 
 
 def plain_test_script(body: str) -> str:
-    """A hidden plain-python test script: preamble, `body` (asserts), then the pass marker."""
-    return (HIDDEN_PREAMBLE + "\n" + body.rstrip() + "\n\n"
-            f"print({PASS_MARKER!r} + {NONCE_PLACEHOLDER!r})\n")
+    """A hidden plain-python test script for the harness runner: preamble (`_same`), `body`."""
+    return HIDDEN_PREAMBLE + "\n" + body.rstrip() + "\n"
 
 
 def stable_hash(*parts: Any) -> int:

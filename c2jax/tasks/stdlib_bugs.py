@@ -13,6 +13,11 @@ every test that passed on the original (fail-to-pass plus pass-to-pass) to pass.
 Discovery runs the test file once per candidate mutant; results are cached as JSON under
 `$C2JAX_CACHE` (default ~/.cache/c2jax)/stdlib_bugs/py3.12/<module>/<source hash>.json.
 Split: by module (heldout modules never appear in train).
+
+Pass signal: these tasks keep the legacy test-command protocol (c2jax.tasks.base): the test
+file must import the task's module into its own process, so code under test shares that
+process with the runner and could forge its marker. The harness runner's guarantees
+(c2jax.tasks.hidden_runner) do not hold here; weigh this suite's RL reward accordingly.
 """
 from __future__ import annotations
 

@@ -201,7 +201,7 @@ def _task(level: int, prompt: str, files: dict, tests: str, ref: list, meta: dic
     tid = f"synthetic-L{level}-{stable_hash(fp):015x}"
     hidden = {f".c2jax_hidden/{test_name}": plain_test_script(tests)}
     return Task(task_id=tid, suite=f"synthetic:{level}", split=split, prompt=prompt, files=files,
-                hidden_tests=hidden, test_command=["python3", f".c2jax_hidden/{test_name}"],
+                hidden_tests=hidden, test_command=None,
                 reference_solution=ref, metadata=dict(meta, difficulty=level), timeout_s=20.0)
 
 

@@ -4,7 +4,8 @@ For behaviour tasks the reference includes the reference final message and tool 
 every listed bad outcome (doing nothing, editing while answering, touching tests, leaving a
 debug print, ignoring the interruption ...) must fail as well.
 
-Usage: `python -m c2jax.tasks.validate SUITE [SPLIT] [N] [SEED]`
+Usage: `python -m c2jax.tasks.validate SUITE [SPLIT] [N] [SEED]`, SUITE a registered name or
+       `package.module:loader` for a suite outside the package (c2jax/tasks/README.md),
        e.g. `python -m c2jax.tasks.validate synthetic:1 train 50`.
 `run` defaults to `local_run` (no sandbox): fine here, since only trusted code runs (task
 files and reference solutions written by this package).

@@ -217,3 +217,56 @@ def test_visible_test_command(sandbox, fake_task):
     res = run_episode(task, ScriptedPolicy([cf.render_assistant(calls=[{"name": "run_tests", "arguments": {}}])]),
                       None, sandbox)
     assert "VISIBLE -1" in TOK.decode(res.trajectory.tokens_T)
+
+
+def _big_write_task(fake_task, size):
+    big = "".join(f"LINE_{i:06d} = {i}\n" for i in range(size // 20 + 1))[:size]
+    task = dataclasses.replace(fake_task)
+    task.reference_solution = [{"name": "write_file", "arguments": {"path": "big.py", "content": big}},
+                               *fake_task.reference_solution]
+    return task, big
+
+
+def test_default_config_lets_a_16kb_edit_through(sandbox, fake_task):
+    task, big = _big_write_task(fake_task, 16 * 1024)
+    res = run_episode(task, OraclePolicy(task), None, sandbox, EpisodeConfig(keep_workspace=True))
+    try:
+        assert (res.workspace.path / "big.py").read_text() == big
+    finally:
+        res.workspace.cleanup()
+    assert res.grade.passed and res.stats["truncated_turns"] == 0 and res.stats["malformed_calls"] == 0
+
+
+def test_a_turn_cut_at_the_token_limit_is_counted_and_shown(sandbox, fake_task):
+    task, _ = _big_write_task(fake_task, 2000)
+    res = run_episode(task, OraclePolicy(task), None, sandbox, EpisodeConfig(max_new_tokens=500))
+    assert res.stats["truncated_turns"] >= 1 and res.stats["truncated_calls"] >= 1
+    text = TOK.decode(res.trajectory.tokens_T)
+    assert "reached the limit of 500 tokens per turn" in text
+
+
+def test_a_grader_exception_is_counted(sandbox, fake_task):
+    class Boom(RuntimeError):
+        pass
+
+    def grade(*a, **k):
+        raise Boom("broken grader")
+
+    task = dataclasses.replace(fake_task)
+    task.grade = grade
+    res = run_episode(task, DoNothingPolicy(), None, sandbox)
+    assert res.stats["grader_exceptions"] == 1 and res.stats["grader_exception_type"] == "Boom"
+    assert res.trajectory.stats["grader_exceptions"] == 1 and res.grade.score == 0.0
+
+
+def test_exception_metrics_count_per_type():
+    from c2jax.agent.runner import exception_metrics
+    stats = [{"grader_exceptions": 1, "grader_exception_type": "KeyError", "truncated_turns": 2},
+             {"grader_exceptions": 1, "grader_exception_type": "KeyError", "harness_exceptions": 1,
+              "harness_exception_type": "OSError"}, {}]
+    m = exception_metrics(stats)
+    assert m == {"grader_exceptions": 2, "grader_exception_types": {"KeyError": 2}, "harness_exceptions": 1,
+                 "harness_exception_types": {"OSError": 1}, "truncated_turns": 2}
+    assert exception_metrics(stats, flat=True) == {
+        "grader_exceptions": 2, "grader_exceptions/KeyError": 2, "harness_exceptions": 1,
+        "harness_exceptions/OSError": 1, "truncated_turns": 2}

@@ -89,3 +89,18 @@ def test_main_eval_on_real_suite(tmp_path):
     assert (tmp_path / "report.md").exists()
     with pytest.raises(ValueError, match="policy_factory"):
         bm.main_eval(ml_collections.ConfigDict({"eval": {"policy": "model"}}), tmp_path, tasks_by_suite={})
+
+
+def test_grader_exceptions_are_counted_by_type(tmp_path):
+    sb = Sandbox(SandboxLimits(wall_s=10))
+
+    class BrokenGrader(T):
+        def grade(self, *a, **k):
+            raise KeyError("missing field")
+
+    rep = bm.run_benchmark({"broken": [BrokenGrader("b0"), T("ok0")]}, OraclePolicy, passes=1, sandbox=sb,
+                           out_dir=tmp_path, concurrency=1)
+    s = rep["suites"]["broken"]
+    assert s["grader_exceptions"] == 1 and s["grader_exception_types"] == {"KeyError": 1}
+    assert s["harness_exceptions"] == 0 and s["truncated_turns"] == 0
+    assert "grader exceptions by type: KeyError x1" in (tmp_path / "report.md").read_text()

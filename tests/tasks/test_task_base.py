@@ -1,4 +1,4 @@
-"""Task record, reference application, grading protocol (nonce, hidden files)."""
+"""Task record, reference application, grading protocols (harness runner; legacy command)."""
 from pathlib import Path
 
 import pytest
@@ -12,7 +12,7 @@ def _task(**kw):
     d = {"task_id": "t", "suite": "unit", "split": "train", "prompt": "add(2, 3) returns -1. Fix it.",
          "files": {"calc.py": "def add(a, b):\n    return a - b\n"},
          "hidden_tests": {f"{HIDDEN_DIR}/test_h.py": plain_test_script(body)},
-         "test_command": ["python3", f"{HIDDEN_DIR}/test_h.py"],
+         "test_command": None,
          "reference_solution": [{"name": "edit_file", "arguments": {
              "path": "calc.py", "old": "a - b", "new": "a + b"}}]}
     d.update(kw)
@@ -27,6 +27,17 @@ def test_reference_passes_and_hidden_files_are_removed(tmp_path):
     g = t.grade(tmp_path, local_run)
     assert g.passed and g.score == 1.0, g.details
     assert not (tmp_path / HIDDEN_DIR).exists()
+    assert set(snapshot_files(tmp_path)) == {"calc.py"}
+
+
+def test_legacy_test_command_writes_and_removes_hidden_files(tmp_path):
+    body = ("import sys\nsys.path.insert(0, '.')\nfrom calc import add\nassert add(2, 3) == 5\n"
+            "print('C2JAX_ALL_PASSED ' + '__C2JAX_NONCE__')\n")
+    t = _task(hidden_tests={"grading/check.py": body}, test_command=["python3", "grading/check.py"])
+    t.materialize(tmp_path)
+    assert not t.grade(tmp_path, local_run).passed
+    apply_reference(t, tmp_path)
+    assert t.grade(tmp_path, local_run).passed
     assert set(snapshot_files(tmp_path)) == {"calc.py"}
 
 
@@ -46,7 +57,8 @@ def test_timeout_fails(tmp_path):
     t.materialize(tmp_path)
     (tmp_path / "calc.py").write_text("while True:\n    pass\n")
     g = t.grade(tmp_path, local_run)
-    assert not g.passed and g.details["timed_out"]
+    assert not g.passed
+    assert g.details["timed_out"] or "TimeoutError" in str(g.details["errors"]), g.details
 
 
 def test_reference_must_match_exactly_once(tmp_path):
@@ -61,8 +73,15 @@ def test_bad_paths_rejected():
         _task(files={"../evil.py": ""})
     with pytest.raises(ValueError, match="split"):
         _task(split="test")
-    with pytest.raises(ValueError, match=HIDDEN_DIR):
-        _task(hidden_tests={"test_x.py": ""})
+    with pytest.raises(ValueError, match="not valid Python"):
+        _task(hidden_tests={"tests/hidden_x.py": "def ("})
+    with pytest.raises(ValueError, match="also repository files"):
+        _task(hidden_tests={"calc.py": ""})
+    with pytest.raises(ValueError, match="standard-library"):
+        _task(files={"json/__init__.py": "", "calc.py": ""}, hidden_tests={"h.py": "import json.decoder\n"})
+    _task(files={"test/test_calc.py": "", "calc.py": ""})  # a stdlib name the hidden tests do not import
+    with pytest.raises(ValueError, match="nothing to grade"):
+        _task(hidden_tests={})
 
 
 def test_minimal_edit_is_unique_and_roundtrips():
