@@ -35,7 +35,7 @@ system-deps:
 demo: venv
 	$(PY) -m c2jax demo --workdir runs/demo
 
-# Each pytest session first checks for bubblewrap and g++ (tests/conftest.py) and fails, saying how
+# Each pytest run first checks for bubblewrap and g++ (tests/conftest.py) and fails, saying how
 # to install them, unless C2JAX_ALLOW_MISSING=bwrap,cpu_kernels opts out (their tests then skip).
 # Ray tests start a local Ray cluster inside the pytest process (its core worker threads stay
 # for the process's life), so they run in their own process, like the 8-device tests. The

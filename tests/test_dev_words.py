@@ -44,6 +44,7 @@ CONTENT_PATTERNS = [
 # Legitimate uses of the words above: (pattern of the whole match's line, why it is fine).
 ALLOW = [
     r"--new-session",                 # bubblewrap's flag (setsid for the sandboxed process)
+    r"pytest_sessionstart\(session\)",  # pytest's hook and its argument
     r"scope=\"session\"",            # pytest fixture scope
     r"session-wide",                  # the same fixture's docstring
 ]

@@ -1,4 +1,4 @@
-"""A machine without bubblewrap or a C++ compiler fails the test session, saying how to fix it,
+"""A machine without bubblewrap or a C++ compiler fails the test run, saying how to fix it,
 unless C2JAX_ALLOW_MISSING names what is missing."""
 import os
 import subprocess

@@ -1,6 +1,6 @@
 """End to end with the harness sandbox (bwrap): reference passes, unmodified fails, per suite.
 
-Needs bubblewrap: the session fails without it (tests/conftest.py) unless
+Needs bubblewrap: the test run fails without it (tests/conftest.py) unless
 C2JAX_ALLOW_MISSING names bwrap, and only then are these skipped. Any other error building
 the sandbox is a failure.
 """
