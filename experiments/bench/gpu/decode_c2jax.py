@@ -51,10 +51,11 @@ def main(argv=None) -> int:
     from c2jax.ops import record_choices
     from c2jax.models.transformer import param_count
 
-    bw = sb.measure_bandwidth(n_bytes=args.bw_bytes, iters=10)
+    bws = sb.measure_bandwidth(n_bytes=args.bw_bytes, iters=10)   # {"read", "read_write"} GB/s
+    bw = bws["read"]   # a decode step reads weights and cache and writes little
     dev = jax.devices()[0]
     emit({"part": "decode_env", "impl": "c2jax", "jax": jax.__version__, "backend": jax.default_backend(),
-          "device": str(dev), "device_kind": getattr(dev, "device_kind", ""), "bandwidth_GB_s": bw,
+          "device": str(dev), "device_kind": getattr(dev, "device_kind", ""), "bandwidth_GB_s": bw, "bandwidth_read_write_GB_s": bws["read_write"],
           "bw_bytes": args.bw_bytes}, args.jsonl)
     batches = [int(b) for b in args.batches.split(",") if b]
     saved = False

@@ -41,7 +41,7 @@ export JAX_PLATFORMS=${JAX_PLATFORMS:-cuda}
 T0=$(date +%s)
 
 if [[ -n "${TINY:-}" ]]; then
-  JAX_SHAPE=(--set model.num_layers=2 --set model.hidden_size=64 --set model.num_experts=4
+  JAX_SHAPE=(--set model.num_layers=2 --set model.hidden_size=64 --set model.num_experts=4 --set model.num_experts_per_tok=2
              --set model.moe_intermediate_size=64 --set model.num_heads=2 --set model.num_kv_heads=1
              --set model.head_dim=32 --set model.vocab_size=512)
   HF_SHAPE=(--layers 2 --hidden 64 --experts 4 --topk 2 --moe-intermediate 64 --heads 2 --kv-heads 1

@@ -111,6 +111,7 @@ def main() -> int:
         out += train_table([r for r in train if r.get("model", "l") == model], model, measured, torch_peak, summary)
 
     bw = env.get(("c2jax", "decode_env"), {}).get("bandwidth_GB_s")
+    bw = bw.get("read") if isinstance(bw, dict) else bw   # rows written before the read / read_write split
     hf_dec = {r["batch"]: r for r in decode if r.get("impl") == "hf" and "ms_per_step" in r}
     d0 = next((r for r in decode if r.get("impl") == "c2jax" and "ms_per_step" in r), {})
     out += ["", f"## Decode ({d0.get('model')}, {fmt(d0.get('params') and d0['params'] / 1e6)}M params, "
