@@ -50,7 +50,7 @@ if [[ -n "${TINY:-}" ]]; then
   HF_TRAIN=(--batch 2 --seq 64 --steps 2 --warmup 1 --peak-n 0 --precisions "${HF_PRECISIONS:-bf16,amp}")
   STUDY=(--model study --batch 2 --seq 64 --steps 2 --warmup 1 --peak-n 0 "${JAX_SHAPE[@]}"
          --variants "${STUDY_VARIANTS:-bf16_grouped,bf16_xla_attn}")
-  HF_STUDY=(--batch 2 --seq 64 --steps 2 --warmup 1 --peak-n 0 --precisions bf16 "${HF_SHAPE[@]}")
+  HF_STUDY=(--model-name study --batch 2 --seq 64 --steps 2 --warmup 1 --peak-n 0 --precisions bf16 "${HF_SHAPE[@]}")
   DEC=(--model tiny --batches 2,1 --prompt-len 8 --new-tokens 8 --bw-bytes $((16 << 20))
        --variants "${DECODE_VARIANTS:-default,grouped}")
   HF_DEC=(--batches 2,1 --prompt-len 8 --new-tokens 8)
@@ -61,7 +61,7 @@ else
   HF_TRAIN=(--batch 32 --seq 2048 --steps 8 --warmup 3 --peak-n 8192 --precisions "${HF_PRECISIONS:-bf16,amp}")
   STUDY=(--model study --batch 16 --seq 2048 --steps 6 --warmup 2 --peak-n 0
          --variants "${STUDY_VARIANTS:-bf16_grouped,bf16_xla_attn}")
-  HF_STUDY=(--batch 16 --seq 2048 --steps 5 --warmup 2 --peak-n 0 --precisions bf16 --layers 24 --hidden 1024
+  HF_STUDY=(--model-name study --batch 16 --seq 2048 --steps 5 --warmup 2 --peak-n 0 --precisions bf16 --layers 24 --hidden 1024
             --experts 64 --topk 8 --moe-intermediate 256 --heads 16 --kv-heads 4 --head-dim 128 --vocab 32768
             --experts-impl grouped_mm)
   DEC=(--model 100m --batches 8,64,1 --prompt-len 64 --new-tokens 128 --variants "${DECODE_VARIANTS:-default,grouped}")
