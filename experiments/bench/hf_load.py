@@ -2,7 +2,8 @@
 c2jax.hf.load (one device, and 8 fake devices with the tiny v5p-8 pod's FSDP / EP rules) against
 safetensors.torch.load_file and transformers' from_pretrained in the reference environment.
 
-    PYTHONPATH=. JAX_PLATFORMS=cpu .venv/bin/python experiments/bench/hf_load.py [--dir /tmp/hf_load_1g]
+    PYTHONPATH=. JAX_PLATFORMS=cpu .venv/bin/python experiments/bench/hf_load.py [--dir /tmp/hf_load_1g] \
+        [--runs 3] [--out experiments/results/hf_load/hf_load_DATE.json]
 
 Each measurement runs in its own process and loads once; the checkpoint is written once
 (c2jax.hf.save, bfloat16, 4 shards) and read through before each run, so the page cache is warm and
@@ -77,6 +78,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dir", default="/tmp/hf_load_1g")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--runs", type=int, default=1, help="loads per loader (each in a fresh process)")
+    ap.add_argument("--out", default=None, help="write the rows and their spread here as JSON")
     args = ap.parse_args()
     if args.child:
         print(json.dumps(run_c2jax(args.dir, int(args.child))))
@@ -92,21 +95,48 @@ def main() -> int:
                 while fh.read(64 << 20):
                     pass
     env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
-    for devices in (1, 8):
-        warm()
-        e = dict(env, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
-        out = subprocess.run([sys.executable, __file__, "--dir", args.dir, "--child", str(devices)], env=e,
-                             capture_output=True, text=True, check=True).stdout
-        rows.append(json.loads(out.strip().splitlines()[-1]))
     ref_py = os.path.join(ROOT, ".venv-ref", "bin", "python")
-    for how in ("safetensors", "transformers"):
-        warm()
-        out = subprocess.run([ref_py, os.path.join(ROOT, "experiments", "reference", "hf_load_reference.py"),
-                              args.dir, how], capture_output=True, text=True, check=True).stdout
-        rows.append(json.loads(out.strip().splitlines()[-1]))
+    for _ in range(args.runs):   # loaders interleaved, so host load drifts hit them alike
+        for devices in (1, 8):
+            warm()
+            e = dict(env, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+            out = subprocess.run([sys.executable, __file__, "--dir", args.dir, "--child", str(devices)], env=e,
+                                 capture_output=True, text=True, check=True).stdout
+            rows.append(json.loads(out.strip().splitlines()[-1]))
+        for how in ("safetensors", "transformers"):
+            warm()
+            out = subprocess.run([ref_py, os.path.join(ROOT, "experiments", "reference", "hf_load_reference.py"),
+                                  args.dir, how], capture_output=True, text=True, check=True).stdout
+            rows.append(json.loads(out.strip().splitlines()[-1]))
     for r in rows:
         print(json.dumps(r))
+    if args.out:
+        _write(args.out, rows, args)
     return 0
+
+
+def _loader(r: dict) -> str:
+    return str(r.get("loader") or r.get("how") or f"c2jax_{r.get('devices')}dev")
+
+
+def _write(path: str, rows: list, args) -> None:
+    """The rows, and per loader the median / min / max seconds over the runs, with date, host load
+    and command."""
+    import platform
+    import statistics
+    by = {}
+    for r in rows[1:]:
+        secs = r.get("seconds", r.get("load_s"))
+        if secs is not None:
+            by.setdefault(_loader(r), []).append(float(secs))
+    spread = {k: {"median_s": statistics.median(v), "min_s": min(v), "max_s": max(v), "runs": len(v)}
+              for k, v in by.items()}
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "host": platform.processor() or
+                   platform.machine(), "load_average_1m": os.getloadavg()[0],
+                   "command": "python experiments/bench/hf_load.py " + " ".join(sys.argv[1:]),
+                   "checkpoint_gb": rows[0]["checkpoint_gb"], "spread": spread, "rows": rows[1:]}, f, indent=1)
 
 
 if __name__ == "__main__":
