@@ -198,7 +198,7 @@ def test_bad_config_specs_error():
 # ----------------------------------------------------------------------------- presets
 
 PRESETS = ["tiny.py", "tiny.py:mla", "ablation.py:s", "ablation.py:m", "ablation.py:l",
-           "qwen3_moe_30b_a3b.py", "deepseek_v3_671b.py", "kimi_k2_1t.py", "rl_tiny.py"]
+           "qwen3_moe_30b_a3b.py", "deepseek_v3_671b.py", "kimi_k2_1t.py", "rl_tiny.py", "gpu_study.py"]
 
 
 @pytest.mark.parametrize("spec", PRESETS)

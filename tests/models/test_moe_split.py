@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from c2jax.models.prepared import Weights, variables
 from c2jax.ops.experts import decode_layout_experts
 from c2jax.config import apply_overrides, load_config
 from c2jax.models import moe as moe_lib
@@ -57,8 +58,8 @@ def test_moe_layer_over_split_experts_equals_stacked(preset):
         params = {**params, "router_bias": jnp.linspace(-0.3, 0.3, m.num_experts)}
     want_y, aux = layer.apply({"params": params}, x)
     sp = {k: v for k, v in params.items() if not k.startswith("w_")}
-    sp["experts"] = moe_lib.split_experts(params["w_gate"], params["w_up"], params["w_down"])
-    y, got = jax.jit(lambda p, x: layer.apply({"params": p}, x))(sp, x)
+    experts = {"experts": moe_lib.split_experts(params["w_gate"], params["w_up"], params["w_down"])}
+    y, got = jax.jit(lambda p, e, x: layer.apply(variables(Weights(p, e)), x))(sp, experts, x)
     np.testing.assert_array_equal(got["expert_ids"], aux["expert_ids"])
     np.testing.assert_allclose(y, want_y, atol=2e-5, rtol=1e-5)
 

@@ -491,7 +491,7 @@ def test_param_count_matches_hand_count_and_flops():
                                   m.num_experts_per_tok)
     attn = D * H * P + 2 * D * G * P + H * P * D + 2 * P + 2 * D  # q, k, v, o, q/k norms, 2 layer norms
     moe_layer = attn + D * E + 3 * E * D * Fe
-    mtp = 2 * D + 2 * D * D + moe_layer  # hnorm, enorm, eh_proj, one MoE block
+    mtp = 3 * D + 2 * D * D + moe_layer  # hnorm, enorm, output norm, eh_proj, one MoE block
     cfg_dense = small_cfg("gqa", num_mtp_layers=1, first_k_dense=1)
     total = V * D + D * V + D + 2 * moe_layer + mtp
     assert c2jax.models.param_count(cfg_dense)["total"] == total - moe_layer + attn + 3 * D * F
