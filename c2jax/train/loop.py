@@ -212,6 +212,7 @@ def run_training(cfg, workdir: str) -> dict:
                 metrics = jax.device_get(metrics)
                 if t_since is None:
                     t_since = time.time()  # the first step includes compilation
+                    progress = Progress(t.steps, step)  # so the ETA counts from the steps after it
                 else:
                     tokens_since += t.batch_size * t.seq_len
                 bad_in_a_row = bad_in_a_row + 1 if metrics["skipped"] else 0
