@@ -132,8 +132,8 @@ class DemoSizes:
 # With less, the model miscopied the line to replace; now its errors are in the replacement line.
 # "default" is sized for 15 minutes on 2 CPU cores; "full" is the longer run (about 25 minutes).
 DEMO_SIZES = {
-    "quick": DemoSizes(transcripts=512, sft_steps=120, rl_steps=4, eval_tasks=8, eval_passes=2),
-    "default": DemoSizes(transcripts=4096, sft_steps=400, rl_steps=12, eval_tasks=32, eval_passes=4),
+    "quick": DemoSizes(transcripts=512, sft_steps=120, rl_steps=2, eval_tasks=8, eval_passes=2),
+    "default": DemoSizes(transcripts=4096, sft_steps=400, rl_steps=8, eval_tasks=32, eval_passes=4),
     "full": DemoSizes(transcripts=4096, sft_steps=600, rl_steps=40, eval_tasks=32, eval_passes=4),
 }
 DEMO_STAGES = 5
