@@ -27,8 +27,9 @@ def _metrics(run_dir):
 
 
 def _curve(rows, key):
-    pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
-    return [p[0] for p in pts], [p[1] for p in pts]
+    # A rerun into the same workdir appends to metrics.jsonl: the last value of each step counts.
+    pts = dict(sorted((r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))))
+    return list(pts), list(pts.values())
 
 
 def _num(x):
@@ -70,13 +71,13 @@ def _stage_figures(summary, rows):
 
 
 def _rl_figures(rl_dir):
-    rows = [r for r in _metrics(rl_dir) if "reward" in r]
-    if not rows:
+    rows = _metrics(rl_dir)
+    _, rew = _curve(rows, "reward")
+    _, pas = _curve(rows, "pass_rate")
+    if not rew:
         return None
-    k = max(1, len(rows) // 4)  # first and last quarter of the steps: single steps are noisy
-    rew = [r["reward"] for r in rows]
-    pas = [r.get("pass_rate", float("nan")) for r in rows]
-    return {"steps": len(rows), "steps_averaged": k,
+    k = max(1, len(rew) // 4)  # first and last quarter of the steps: single steps are noisy
+    return {"steps": len(rew), "steps_averaged": k,
             "reward_first": float(np.mean(rew[:k])), "reward_last": float(np.mean(rew[-k:])),
             "train_pass_rate_first": _num(float(np.mean(pas[:k]))),
             "train_pass_rate_last": _num(float(np.mean(pas[-k:])))}

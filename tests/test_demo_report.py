@@ -48,7 +48,7 @@ def _synthetic_demo(tmp_path, rng, n_tasks=24, k=4):
     _write_run(os.path.join(wd, "sft"), rng, 100, evals=False)
     os.makedirs(os.path.join(wd, "rl"), exist_ok=True)
     with open(os.path.join(wd, "rl", "metrics.jsonl"), "w") as f:
-        for s in range(1, 9):
+        for s in [*range(1, 9), *range(5, 9)]:  # steps 5-8 again: a resumed run appends
             f.write(json.dumps({"step": s, "reward": float(rng.uniform(-1, 1)), "pass_rate": float(rng.uniform())}) + "\n")
     before = rng.uniform(size=(n_tasks, k)) < rng.uniform(0.1, 0.5)
     after = rng.uniform(size=(n_tasks, k)) < rng.uniform(0.1, 0.5)
@@ -95,6 +95,7 @@ def test_report_and_plots_from_synthetic_runs(tmp_path):
         assert any(abs(round(v, places) - float(fig)) < 0.5 * 10 ** -places + 1e-12 for v in values), \
             f"{fig} in report.md is not in report.json"
     # the figures the report is for, each in both files
+    assert js["rl"]["steps"] == 8
     ev, c = js["heldout"], js["rl_change"]
     assert ev["sft"]["pass_at_1"] == before.mean() and ev["rl"]["pass_at_1"] == after.mean()
     for fig in (f"{ev['sft']['pass_at_1']:.3f} +- {ev['sft']['se']:.3f}", f"{ev['rl']['pass_at_1']:.3f} +- "
