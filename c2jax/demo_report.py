@@ -130,7 +130,7 @@ def rl_sentence(rep: dict) -> str:
             f"change {c['change']:+.3f} +- {c['se']:.3f} (paired standard error over {c['tasks']} tasks)")
     if c["within_noise"]:
         return f"RL: {base}; within noise (|change| < 2 standard errors): this run shows no measurable effect of RL."
-    return f"RL: {base}; {'above' if c['change'] > 0 else 'below'} 2 standard errors."
+    return f"RL: {base}; a {'rise' if c['change'] > 0 else 'drop'} of more than 2 standard errors."
 
 
 def _paths(d: dict) -> str:
