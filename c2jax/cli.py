@@ -36,7 +36,9 @@ def _parse(argv):
                         help="compile-check: TPU topology, e.g. v5p:4x4x4 (default: the config's pod.topology)")
     parser.add_argument("--report", default=None,
                         help="compile-check: also write the report (JSON, with the date and the command) here")
-    parser.add_argument("--quick", action="store_true", help="demo: a shorter run (CI smoke)")
+    parser.add_argument("--quick", action="store_true", help="demo: a few-minute run (CI smoke)")
+    parser.add_argument("--full", action="store_true",
+                        help="demo: the longer run (more SFT and RL steps; about 25 minutes on 2 CPU cores)")
     parser.add_argument("--launch-commands", action="store_true", help="sweep: print one command per point")
     args, rest = parser.parse_known_args(argv)
     overrides = [r for r in rest if r.startswith("--config.")]
@@ -85,7 +87,10 @@ def main(argv=None) -> int:
     try:
         if args.command == "demo":
             from c2jax.pipeline import run_demo
-            return run_demo(args.workdir or "runs/demo", overrides, quick=args.quick)
+            if args.quick and args.full:
+                raise ConfigError("demo: --quick and --full are exclusive")
+            mode = "quick" if args.quick else "full" if args.full else "default"
+            return run_demo(args.workdir or "runs/demo", overrides, mode)
         if args.command == "sweep":
             from c2jax.sweep import collect, launch_commands, load_sweep, run_sweep
             if not args.config:

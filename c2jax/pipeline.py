@@ -2,10 +2,10 @@
 format) -> RL -> evaluation on held-out tasks, plus helpers the CLI's `eval` command uses."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
-
 
 from c2jax.agent import chat_format as cf
 from c2jax.agent.policy import OraclePolicy, SamplerPolicy, TextPolicy
@@ -14,6 +14,7 @@ from c2jax.agent.sandbox import Sandbox
 from c2jax.config import load_config
 from c2jax.data.pipeline import token_record
 from c2jax.data.tokenizer import Tokenizer
+from c2jax.progress import Heartbeat
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,9 @@ def oracle_episodes(tokenizer, suites=("synthetic:1",), split: str = "train", n_
     """The read-then-fix oracle's episodes (c2jax.agent.runner results) on a split's tasks."""
     from c2jax.tasks import load_suite
     tasks = [t for s in suites for t in load_suite(s, split, n=n_per_suite, seed=seed)]
-    return run_episodes(tasks, ReadThenFixPolicy, tokenizer, Sandbox(), episode_config(), concurrency=4)
+    with Heartbeat("oracle transcripts", len(tasks)) as beat:
+        return run_episodes(tasks, ReadThenFixPolicy, tokenizer, Sandbox(), episode_config(), concurrency=4,
+                            on_result=lambda i, r: beat.add())
 
 
 def write_oracle_transcripts(tokenizer, out_path: str, suites=("synthetic:1",), n_per_suite: int = 256,
@@ -114,65 +117,120 @@ def _suite_row(report: dict, suite: str) -> dict:
     return {k: s.get(k) for k in ("accuracy", "pass_at_k", "completion_tokens_per_task", "malformed_call_rate")}
 
 
-# The demo's stage sizes: (full, --quick).
+@dataclasses.dataclass(frozen=True)
+class DemoSizes:
+    """One demo setting: oracle transcripts for SFT, SFT steps, RL steps, held-out eval size."""
+    transcripts: int      # oracle episodes on synthetic:1 train tasks (~100 s for 4096)
+    sft_steps: int        # 8 rows x 768 tokens (two ~300-token transcripts per row)
+    rl_steps: int         # learner steps of configs/rl_tiny.py (8 prompts x 8 attempts each)
+    eval_tasks: int       # held-out synthetic:1 tasks, the same ones before and after RL
+    eval_passes: int      # attempts per task (pass@1 is their mean; best-of-K uses all)
+
+
 # Distinct transcripts and steps both matter: 1024 transcripts x 300 steps gave held-out pass@1
 # 0.03 (32 tasks x 4, temperature 0.7); 4096 x 350 steps 0.16 (32 x 1), x 600 steps 0.35 (32 x 4).
 # With less, the model miscopied the line to replace; now its errors are in the replacement line.
-DEMO_TRANSCRIPTS = (4096, 512)    # oracle episodes on synthetic:1 train tasks (~100 s for 4096)
-DEMO_SFT_STEPS = (600, 120)       # 8 rows x 768 tokens (two ~300-token transcripts per row)
-DEMO_EVAL = ((32, 4), (8, 2))     # held-out tasks, attempts per task
+# "default" aims at 15 minutes on 2 idle CPU cores; on 2 cores shared with a test run it took
+# 2240 s (transcripts 537, SFT 427, RL 703, eval 463) and gave SFT held-out pass@1 0.070 +- 0.030
+# (32 x 4), RL +0.008 +- 0.031 (within noise). "full" is the longer run (about 25 minutes).
+DEMO_SIZES = {
+    "quick": DemoSizes(transcripts=512, sft_steps=120, rl_steps=2, eval_tasks=8, eval_passes=2),
+    "default": DemoSizes(transcripts=4096, sft_steps=400, rl_steps=8, eval_tasks=32, eval_passes=4),
+    "full": DemoSizes(transcripts=4096, sft_steps=600, rl_steps=40, eval_tasks=32, eval_passes=4),
+}
+DEMO_STAGES = 5
 
 
-def build_sft_model(workdir: str, overrides=(), quick: bool = False) -> dict:
+def _stage(i: int, title: str) -> None:
+    print(f"== {i}/{DEMO_STAGES} {title} ==", flush=True)
+
+
+def sft_overrides(cpt_dir: str, sft_path: str, steps: int) -> list:
+    """The demo's SFT settings on top of configs/stages/sft.py:tiny."""
+    return [f"--config.train.init_from={cpt_dir}", f"--config.data.sft_path={sft_path}",
+            "--config.train.seq_len=768", "--config.train.batch_size=8", f"--config.train.steps={steps}",
+            "--config.train.lr=2e-3", "--config.train.eval_every=0", "--config.train.log_every=5"]
+
+
+def build_sft_model(workdir: str, overrides=(), mode: str = "full", timings: dict | None = None) -> dict:
     """CPT (configs/stages/cpt.py:tiny) -> SFT on read-then-fix oracle transcripts, into
-    workdir/cpt and workdir/sft. Returns {"cpt", "sft": run summaries, "transcripts", "sft_dir"}."""
+    workdir/cpt and workdir/sft, at DEMO_SIZES[mode]. Returns {"cpt", "sft": run summaries,
+    "transcripts", "sft_dir", "commands"}; `timings` receives each stage's seconds."""
     from c2jax.train.loop import run_training
-    q = int(bool(quick))
+    sizes = DEMO_SIZES[mode]
+    timings = {} if timings is None else timings
     os.makedirs(workdir, exist_ok=True)
     cpt_dir, sft_dir = os.path.join(workdir, "cpt"), os.path.join(workdir, "sft")
-    overrides = list(overrides)
-    print("== 1/4 continued pretraining (stdlib code corpus) ==", flush=True)
-    cpt = run_training(load_config("configs/stages/cpt.py:tiny", overrides), cpt_dir)
-    tokenizer = Tokenizer.load(cpt_dir)
-    print("== 2/4 SFT on oracle transcripts (synthetic train tasks, harness token format) ==", flush=True)
     sft_path = os.path.join(workdir, "sft_transcripts.jsonl")
-    tstats = write_oracle_transcripts(tokenizer, sft_path, n_per_suite=DEMO_TRANSCRIPTS[q])
+    overrides = list(overrides)
+    extra = "".join(f" {o}" for o in overrides)
+    commands = {"cpt": f"python -m c2jax pretrain --config configs/stages/cpt.py:tiny --workdir {cpt_dir}{extra}",
+                "sft": "python -m c2jax sft --config configs/stages/sft.py:tiny --workdir "
+                       f"{sft_dir} {' '.join(sft_overrides(cpt_dir, sft_path, sizes.sft_steps))}{extra}"}
+    _stage(1, "continued pretraining (stdlib code corpus)")
+    t = time.time()
+    cpt = run_training(load_config("configs/stages/cpt.py:tiny", overrides), cpt_dir)
+    timings["cpt"] = time.time() - t
+    tokenizer = Tokenizer.load(cpt_dir)
+    _stage(2, f"oracle transcripts for SFT ({sizes.transcripts} synthetic train tasks, harness token format)")
+    t = time.time()
+    tstats = write_oracle_transcripts(tokenizer, sft_path, n_per_suite=sizes.transcripts)
+    timings["transcripts"] = time.time() - t
     print(f"transcripts: {tstats}", flush=True)
-    sft_cfg = load_config("configs/stages/sft.py:tiny", [
-        f"--config.train.init_from={cpt_dir}", f"--config.data.sft_path={sft_path}",
-        "--config.train.seq_len=768", "--config.train.batch_size=8",
-        f"--config.train.steps={DEMO_SFT_STEPS[q]}", "--config.train.lr=2e-3",
-        "--config.train.eval_every=0", *overrides])
+    _stage(3, f"SFT on the oracle transcripts ({sizes.sft_steps} steps)")
+    t = time.time()
+    sft_cfg = load_config("configs/stages/sft.py:tiny",
+                          [*sft_overrides(cpt_dir, sft_path, sizes.sft_steps), *overrides])
     sft = run_training(sft_cfg, sft_dir)
-    return {"cpt": cpt, "sft": sft, "transcripts": tstats, "sft_dir": sft_dir}
+    timings["sft"] = time.time() - t
+    return {"cpt": cpt, "sft": sft, "transcripts": tstats, "sft_dir": sft_dir, "commands": commands}
 
 
-def run_demo(workdir: str, overrides=(), quick: bool = False) -> int:
-    """The quick start: CPT -> SFT -> RL -> held-out eval of the tiny model, printing a table."""
+def run_demo(workdir: str, overrides=(), mode: str = "default") -> int:
+    """The quick start: CPT -> SFT -> RL -> held-out eval of the tiny model at DEMO_SIZES[mode];
+    prints the tables and writes workdir/report.md, report.json and the plots."""
+    from c2jax.demo_report import write_demo_report
     t0 = time.time()
-    built = build_sft_model(workdir, overrides, quick)
-    cpt, sft, sft_dir = built["cpt"], built["sft"], built["sft_dir"]
-    n_tasks, passes = DEMO_EVAL[int(bool(quick))]
+    sizes = DEMO_SIZES[mode]
+    timings: dict = {}
+    built = build_sft_model(workdir, overrides, mode, timings)
+    cpt, sft, sft_dir, commands = built["cpt"], built["sft"], built["sft_dir"], built["commands"]
+    n_tasks, passes = sizes.eval_tasks, sizes.eval_passes
 
-    print("== 3/4 RL (async, Dr. GRPO, router replay) ==", flush=True)
+    # The demo's own held-out eval below compares SFT and RL on the same tasks; RL's built-in
+    # evals (rl.eval_every) would repeat it on fewer tasks.
+    rl_over = [f"--config.train.init_from={sft_dir}", f"--config.rl.steps={sizes.rl_steps}",
+               "--config.rl.eval_every=-1", *overrides]
+    _stage(4, f"RL (async, Dr. GRPO, router replay; {sizes.rl_steps} steps)")
     rl_dir = None
+    t = time.time()
     try:
         from c2jax.rl.loop import run_rl
-        rl_cfg = load_config("configs/rl_tiny.py", [f"--config.train.init_from={sft_dir}", *overrides])
+        rl_cfg = load_config("configs/rl_tiny.py", rl_over)
         rl_dir = os.path.join(workdir, "rl")
         run_rl(rl_cfg, rl_dir)
+        commands["rl"] = f"python -m c2jax rl --config configs/rl_tiny.py --workdir {rl_dir} {' '.join(rl_over)}"
     except ImportError as e:
         print(f"RL stage not available in this build ({e}); evaluating the SFT model only", flush=True)
+    timings["rl"] = time.time() - t
 
-    print(f"== 4/4 held-out evaluation (pass@1 and best-of-K; {n_tasks} tasks x {passes}, "
-          f"temperature {TEMPERATURE}) ==", flush=True)
+    _stage(5, f"held-out evaluation (pass@1 and best-of-K; {n_tasks} tasks x {passes}, "
+              f"temperature {TEMPERATURE})")
+    t = time.time()
     rows = [("CPT -> SFT", evaluate_run(sft_dir, os.path.join(workdir, "eval_sft"), n_tasks=n_tasks,
                                         passes=passes, temperature=TEMPERATURE))]
     if rl_dir:
         rows.append(("CPT -> SFT -> RL", evaluate_run(rl_dir, os.path.join(workdir, "eval_rl"), n_tasks=n_tasks,
                                                      passes=passes, temperature=TEMPERATURE)))
+    timings["eval"] = time.time() - t
+    timings["total"] = time.time() - t0
     print("\n" + stage_table(cpt, sft) + "\n\n" + eval_table(rows), flush=True)
-    print(f"\ndemo finished in {time.time() - t0:.0f} s; runs in {workdir}", flush=True)
+    report = write_demo_report(workdir, {
+        "mode": mode, "sizes": dataclasses.asdict(sizes), "overrides": list(overrides), "commands": commands,
+        "wall_s": timings, "transcripts": built["transcripts"], "temperature": TEMPERATURE})
+    print(f"\n{report['rl_summary_line']}", flush=True)
+    print(f"\ndemo finished in {timings['total']:.0f} s; report: {os.path.join(workdir, 'report.md')} "
+          f"(plots next to it); runs in {workdir}", flush=True)
     return 0
 
 

@@ -82,3 +82,18 @@ def test_stage_table():
     sft = {"final_eval": {"heldout_loss": 8.0, "codebase_ppl": 3000.0}}
     t = pipeline.stage_table(cpt, sft)
     assert "| CPT | 6.900 -> 5.500 | 1000.0 -> 280.0 |" in t and "| SFT | -> 8.000 | 3000.0 |" in t
+
+
+def test_demo_settings_nest_and_the_cli_picks_one():
+    import dataclasses
+
+    from c2jax.cli import _parse
+    sizes = pipeline.DEMO_SIZES
+    assert set(sizes) == {"quick", "default", "full"}
+    for small, big in (("quick", "default"), ("default", "full")):
+        for f in dataclasses.fields(pipeline.DemoSizes):
+            assert getattr(sizes[small], f.name) <= getattr(sizes[big], f.name), (small, big, f.name)
+    # the default's SFT model must solve some held-out tasks (pass@1 0.16 at 350 steps, 32 x 1)
+    assert sizes["default"].sft_steps >= 350 and sizes["default"].transcripts >= 4096
+    assert _parse(["demo", "--full"])[0].full and _parse(["demo", "--quick"])[0].quick
+

@@ -13,12 +13,14 @@ import dataclasses
 import json
 import math
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from c2jax.agent.runner import EpisodeConfig, EpisodeResult, exception_metrics, run_episodes
+from c2jax.progress import Heartbeat
 from c2jax.tasks.base import diff_line_counts
 
 
@@ -121,17 +123,28 @@ def run_benchmark(tasks_by_suite: dict[str, list], policy_factory: Callable[[Any
     t0 = time.monotonic()
     report: dict[str, Any] = {"policy": policy_name, "passes": passes, "active_params": active_params,
                               "suites": {}, "tasks": {}}
-    for suite, tasks in tasks_by_suite.items():
-        jobs = [t for t in tasks for _ in range(passes)]
-        res = run_episodes(jobs, policy_factory, tokenizer, sandbox, config, concurrency=concurrency)
-        grid = [res[i * passes:(i + 1) * passes] for i in range(len(tasks))]
-        report["suites"][suite] = summarize_suite(tasks, grid, passes, active_params, ks)
-        report["tasks"][suite] = [
-            {"task_id": t.task_id, "passed": [_passed(r) for r in rs], "score": [_score(r) for r in rs],
-             "completion_tokens": [r.stats["completion_tokens"] for r in rs],
-             "tool_calls": [r.stats["tool_calls"] for r in rs], "turns": [r.stats["turns"] for r in rs],
-             "finish_reason": [r.stats["finish_reason"] for r in rs]}
-            for t, rs in zip(tasks, grid)]
+    beat = Heartbeat(f"eval {policy_name}".strip(), sum(len(ts) for ts in tasks_by_suite.values()) * passes)
+    lock, passed = threading.Lock(), [0]
+
+    def finished(_, r):  # run_episodes calls this from its worker threads
+        with lock:
+            passed[0] += _passed(r)
+            beat.note = f"{passed[0]} passed"
+        beat.add()
+
+    with beat:
+        for suite, tasks in tasks_by_suite.items():
+            jobs = [t for t in tasks for _ in range(passes)]
+            res = run_episodes(jobs, policy_factory, tokenizer, sandbox, config, concurrency=concurrency,
+                               on_result=finished)
+            grid = [res[i * passes:(i + 1) * passes] for i in range(len(tasks))]
+            report["suites"][suite] = summarize_suite(tasks, grid, passes, active_params, ks)
+            report["tasks"][suite] = [
+                {"task_id": t.task_id, "passed": [_passed(r) for r in rs], "score": [_score(r) for r in rs],
+                 "completion_tokens": [r.stats["completion_tokens"] for r in rs],
+                 "tool_calls": [r.stats["tool_calls"] for r in rs], "turns": [r.stats["turns"] for r in rs],
+                 "finish_reason": [r.stats["finish_reason"] for r in rs]}
+                for t, rs in zip(tasks, grid)]
     report["wall_s"] = time.monotonic() - t0
     if out_dir is not None:
         write_report(report, Path(out_dir))

@@ -22,6 +22,7 @@ import time
 
 import numpy as np
 
+from c2jax.progress import Heartbeat
 from c2jax.rl.chains import groups_to_sequences
 from c2jax.rl.config import rl_defaults, validate_rl
 from c2jax.rl.orchestrator import Orchestrator, PromptSource
@@ -135,16 +136,22 @@ def run_rl(cfg, workdir: str, *, hooks=None) -> dict:
         heldout += env.load_tasks(s, "heldout", max(r.eval_tasks // len(eval_suites), 1), cfg.seed)
     summary = {"start_step": step, "resumed_consumed": sorted(consumed), "evals": []}
 
+    beat = Heartbeat("rl", r.steps, start=step)
+    sampling = beat.note = lambda: f"sampling and learning ({service.generated_tokens} tokens sampled)"
+
     def run_eval(at):
+        beat.note = f"held-out eval at step {at} ({len(heldout)} tasks x {r.eval_k})"
         t0 = time.monotonic()
         ev = evaluate(env, service, heldout, r.eval_k, r.eval_temperature, cfg.seed, r.env_workers, str(at))
         ev["eval/seconds"] = time.monotonic() - t0
         writer.write(at, ev)
         summary["evals"].append({"step": at, **ev})
         log.info("eval at step %d: %s", at, {k: v for k, v in ev.items() if k != "eval/task_pass"})
+        beat.note = sampling
         return ev
 
     t_start = time.monotonic()
+    beat.__enter__()
     try:
         if r.eval_every >= 0 and step == 0:
             run_eval(0)
@@ -177,6 +184,7 @@ def run_rl(cfg, workdir: str, *, hooks=None) -> dict:
             m = rt.learn(trajs, adv, w_B)
             learn_s = time.monotonic() - t0
             step += 1
+            beat.done = step
             orch.mark_consumed([g.index for g in groups])
             rt.save(step, {"consumed": sorted(orch.consumed), "dropped": dropped},
                     {"step": step, "trained_groups": [g.index for g in keep]}, force=step == r.steps)
@@ -219,6 +227,7 @@ def run_rl(cfg, workdir: str, *, hooks=None) -> dict:
             writer.write(step, m)
             log.info("rl step %d/%d reward %.3f pass %.2f staleness %.2f idle %.2f", step, r.steps, m["reward"],
                      m["pass_rate"], m["staleness_mean"], m["sampler_idle_fraction"])
+            beat.touch()
             if "after_step" in hooks:
                 hooks["after_step"](step, orch, service)
             if r.eval_every > 0 and step % r.eval_every == 0 and step < r.steps:
@@ -231,6 +240,7 @@ def run_rl(cfg, workdir: str, *, hooks=None) -> dict:
                        sampler_restarts=service.restarts, env_worker_restarts=orch.env_restarts,
                        sampler_idle_fraction=service.idle_fraction())
     finally:
+        beat.__exit__()
         orch.stop()
         rt.close()
         writer.close()

@@ -24,6 +24,7 @@ from c2jax.models import param_shardings
 from c2jax.ops.target import target_of_mesh
 from c2jax.parallel import activate, data_sharding, make_mesh
 from c2jax.parallel.distributed import global_batch
+from c2jax.progress import Heartbeat
 from c2jax.train.checkpoint import Checkpointer, StopFlag, abstract_like
 from c2jax.train.metrics import MetricsWriter, Progress, measured_matmul_peak
 from c2jax.train.optimizer import learning_rate_schedule, make_optimizer
@@ -173,6 +174,9 @@ def run_training(cfg, workdir: str) -> dict:
             log.info("resumed from step %d", start)
         writer = MetricsWriter(workdir)
         stop = StopFlag().install()
+        # A line every 10 s while nothing else prints (compiling, evaluating, slow steps).
+        beat = Heartbeat(t.stage, t.steps, every=10.0 if jax.process_index() == 0 else 1e9, start=start)
+        beat.__enter__()
         try:
             peak = t.peak_flops or measured_matmul_peak()
             fpt = flops_per_token(cfg, t.seq_len)
@@ -190,21 +194,25 @@ def run_training(cfg, workdir: str) -> dict:
                 return global_batch(cfg, mesh, {k: np.asarray(rows[k]) for k in BATCH_KEYS}, t.batch_size)
 
             if start == 0:
+                beat.note = "evaluating (held-out loss, codebase perplexity)"
                 first = run_eval(state["params"])
                 writer.write(0, {f"eval/{k}": v for k, v in first.items()})
                 summary["initial_eval"] = first
             step = start
             batch = next_batch() if step < t.steps else None
             data_state = it.get_state()
+            beat.note = "first step (compiling)" if step < t.steps else ""
             while step < t.steps:
                 state, metrics = step_fn(state, batch)
                 step += 1
+                beat.done, beat.note = step, ""
                 data_state = it.get_state()  # the position after the batch just trained on
                 # Build the next batch while the device runs this step, then sync on its metrics.
                 batch = next_batch() if step < t.steps else None
                 metrics = jax.device_get(metrics)
                 if t_since is None:
                     t_since = time.time()  # the first step includes compilation
+                    progress = Progress(t.steps, step)  # so the ETA counts from the steps after it
                 else:
                     tokens_since += t.batch_size * t.seq_len
                 bad_in_a_row = bad_in_a_row + 1 if metrics["skipped"] else 0
@@ -220,8 +228,11 @@ def run_training(cfg, workdir: str) -> dict:
                                    lr=float(lr_at(step)))
                     writer.write(step, metrics)
                     progress.update(step, loss=float(metrics["loss"]), tok_s=round(tps))
+                    beat.touch()
                 if t.eval_every and step % t.eval_every == 0 and step < t.steps:
+                    beat.note = "evaluating (held-out loss, codebase perplexity)"
                     ev = run_eval(state["params"])
+                    beat.note = ""
                     writer.write(step, {f"eval/{k}": v for k, v in ev.items()})
                 if not metrics["skipped"]:
                     ckpt.save(step, state, {"iterator": data_state}, {"step": step})
@@ -229,12 +240,14 @@ def run_training(cfg, workdir: str) -> dict:
                     log.warning("SIGTERM: saving step %d and exiting", step)
                     ckpt.save(step, state, {"iterator": data_state}, {"step": step}, force=True)
                     break
+            beat.note = "final evaluation (held-out loss, codebase perplexity)"
             final = run_eval(state["params"])
             writer.write(step, {f"eval/{k}": v for k, v in final.items()})
             summary.update(final_eval=final, final_step=step, stopped_early=bool(stop))
             if step == t.steps and ckpt.latest_step() != step:
                 ckpt.save(step, state, {"iterator": data_state}, {"step": step}, force=True)
         finally:
+            beat.__exit__()
             ckpt.close()
             writer.close()
             stop.restore()
