@@ -130,12 +130,13 @@ class DemoSizes:
 # Distinct transcripts and steps both matter: 1024 transcripts x 300 steps gave held-out pass@1
 # 0.03 (32 tasks x 4, temperature 0.7); 4096 x 350 steps 0.16 (32 x 1), x 600 steps 0.35 (32 x 4).
 # With less, the model miscopied the line to replace; now its errors are in the replacement line.
-# "default" aims at 15 minutes on 2 idle CPU cores; on 2 cores shared with a test run it took
-# 2240 s (transcripts 537, SFT 427, RL 703, eval 463) and gave SFT held-out pass@1 0.070 +- 0.030
-# (32 x 4), RL +0.008 +- 0.031 (within noise). "full" is the longer run (about 25 minutes).
+# "default" keeps the 600 SFT steps the model needs to learn the task (400 steps, on 2 cores shared
+# with a test run: held-out pass@1 0.070 +- 0.030 on 32 x 4, in 2240 s) and cuts RL to 8 steps;
+# from the full run's stage times (CPT 2, SFT 10, RL 40 steps 11 min, evals) that is about 17
+# minutes on 2 idle cores, not yet measured. "full" is the longer run (about 25 minutes).
 DEMO_SIZES = {
     "quick": DemoSizes(transcripts=512, sft_steps=120, rl_steps=2, eval_tasks=8, eval_passes=2),
-    "default": DemoSizes(transcripts=4096, sft_steps=400, rl_steps=8, eval_tasks=32, eval_passes=4),
+    "default": DemoSizes(transcripts=4096, sft_steps=600, rl_steps=8, eval_tasks=32, eval_passes=4),
     "full": DemoSizes(transcripts=4096, sft_steps=600, rl_steps=40, eval_tasks=32, eval_passes=4),
 }
 DEMO_STAGES = 5
