@@ -25,10 +25,10 @@ DEFAULT_BLOCK_S = 512
 VMEM_LIMIT_BYTES = 32 * 1024 * 1024
 
 
-def _decode_kernel(len_ref, q_ref, k_ref, v_ref, o_ref, m_sc, l_sc, acc_sc, *, scale, bs, ns):
-    b, si = pl.program_id(0), pl.program_id(2)
-    length = len_ref[b]
-
+def _over_cache_blocks(si, ns, bs, length, o_ref, m_sc, l_sc, acc_sc, attend):
+    """One row's online softmax over its cache blocks (grid axis si of ns): reset the scratch at
+    block 0, attend(valid) on blocks holding positions < length (valid(s): the mask of logits s
+    [rows, bs]), normalize into o_ref at the last block."""
     @pl.when(si == 0)
     def _():
         m_sc[...] = jnp.full_like(m_sc, MASK_VALUE)
@@ -37,41 +37,32 @@ def _decode_kernel(len_ref, q_ref, k_ref, v_ref, o_ref, m_sc, l_sc, acc_sc, *, s
 
     @pl.when(si * bs < length)
     def _():
-        s = jax.lax.dot_general(q_ref[...], k_ref[...], (((1,), (1,)), ((), ())),
-                                preferred_element_type=jnp.float32) * scale  # [G, bs]
-        cols = si * bs + jax.lax.broadcasted_iota(jnp.int32, s.shape, 1)
-        online_softmax_step(s, cols < length, v_ref, m_sc, l_sc, acc_sc)
+        attend(lambda s: si * bs + jax.lax.broadcasted_iota(jnp.int32, s.shape, 1) < length)
 
     @pl.when(si == ns - 1)
     def _():
         l = l_sc[...]
         o_ref[...] = (acc_sc[...] / jnp.where(l == 0.0, 1.0, l)).astype(o_ref.dtype)
+
+
+_NT = (((1,), (1,)), ((), ()))   # a @ b.T
+
+
+def _decode_kernel(len_ref, q_ref, k_ref, v_ref, o_ref, m_sc, l_sc, acc_sc, *, scale, bs, ns):
+    def attend(valid):
+        s = jax.lax.dot_general(q_ref[...], k_ref[...], _NT, preferred_element_type=jnp.float32) * scale  # [G, bs]
+        online_softmax_step(s, valid(s), v_ref, m_sc, l_sc, acc_sc)
+    _over_cache_blocks(pl.program_id(2), ns, bs, len_ref[pl.program_id(0)], o_ref, m_sc, l_sc, acc_sc, attend)
 
 
 def _decode_heads_kernel(len_ref, q_ref, k_ref, v_ref, o_ref, m_sc, l_sc, acc_sc, *, scale, bs, ns, kh):
     """_decode_kernel over a [bs, K, D] block of the model's cache layout: every kv head of the
     row in one program, so each cache row is read once, in place."""
-    b, si = pl.program_id(0), pl.program_id(1)
-    length = len_ref[b]
-
-    @pl.when(si == 0)
-    def _():
-        m_sc[...] = jnp.full_like(m_sc, MASK_VALUE)
-        l_sc[...] = jnp.zeros_like(l_sc)
-        acc_sc[...] = jnp.zeros_like(acc_sc)
-
-    @pl.when(si * bs < length)
-    def _():
+    def attend(valid):
         for h in range(kh):
-            s = jax.lax.dot_general(q_ref[h], k_ref[:, h, :], (((1,), (1,)), ((), ())),
-                                    preferred_element_type=jnp.float32) * scale  # [G, bs]
-            cols = si * bs + jax.lax.broadcasted_iota(jnp.int32, s.shape, 1)
-            online_softmax_step(s, cols < length, v_ref.at[:, h, :], m_sc.at[h], l_sc.at[h], acc_sc.at[h])
-
-    @pl.when(si == ns - 1)
-    def _():
-        l = l_sc[...]
-        o_ref[...] = (acc_sc[...] / jnp.where(l == 0.0, 1.0, l)).astype(o_ref.dtype)
+            s = jax.lax.dot_general(q_ref[h], k_ref[:, h, :], _NT, preferred_element_type=jnp.float32) * scale
+            online_softmax_step(s, valid(s), v_ref.at[:, h, :], m_sc.at[h], l_sc.at[h], acc_sc.at[h])
+    _over_cache_blocks(pl.program_id(1), ns, bs, len_ref[pl.program_id(0)], o_ref, m_sc, l_sc, acc_sc, attend)
 
 
 def reads_in_place(d: int, e: int, kh: int) -> bool:
@@ -147,27 +138,11 @@ def decode_attention_tpu(q_BHD, k_cache_BKSD, v_cache_BKSE, lengths_B, *, sm_sca
 
 
 def _mla_decode_kernel(len_ref, qa_ref, qr_ref, c_ref, r_ref, o_ref, m_sc, l_sc, acc_sc, *, scale, bs, ns):
-    b, si = pl.program_id(0), pl.program_id(1)
-    length = len_ref[b]
-
-    @pl.when(si == 0)
-    def _():
-        m_sc[...] = jnp.full_like(m_sc, MASK_VALUE)
-        l_sc[...] = jnp.zeros_like(l_sc)
-        acc_sc[...] = jnp.zeros_like(acc_sc)
-
-    @pl.when(si * bs < length)
-    def _():
-        nt = (((1,), (1,)), ((), ()))
-        s = (jax.lax.dot_general(qa_ref[...], c_ref[...], nt, preferred_element_type=jnp.float32)
-             + jax.lax.dot_general(qr_ref[...], r_ref[...], nt, preferred_element_type=jnp.float32)) * scale
-        cols = si * bs + jax.lax.broadcasted_iota(jnp.int32, s.shape, 1)
-        online_softmax_step(s, cols < length, c_ref, m_sc, l_sc, acc_sc)   # the values are the latents
-
-    @pl.when(si == ns - 1)
-    def _():
-        l = l_sc[...]
-        o_ref[...] = (acc_sc[...] / jnp.where(l == 0.0, 1.0, l)).astype(o_ref.dtype)
+    def attend(valid):
+        s = (jax.lax.dot_general(qa_ref[...], c_ref[...], _NT, preferred_element_type=jnp.float32)
+             + jax.lax.dot_general(qr_ref[...], r_ref[...], _NT, preferred_element_type=jnp.float32)) * scale
+        online_softmax_step(s, valid(s), c_ref, m_sc, l_sc, acc_sc)   # the values are the latents
+    _over_cache_blocks(pl.program_id(1), ns, bs, len_ref[pl.program_id(0)], o_ref, m_sc, l_sc, acc_sc, attend)
 
 
 def mla_decode_attention_tpu(q_latent_BHC, q_rope_BHR, latent_BSC, k_rope_BSR, lengths_B, *, sm_scale,
