@@ -1,10 +1,10 @@
 """The repository's files speak of the project only.
 
 Walks the tree (file names everywhere, the contents of every text file) and fails on words
-about how the project was developed rather than what it is: rounds of work ("ninth session"),
-machine leases, issue and pull-request numbers, requests ("+0.05 asked"), other jobs on the
-machine, and round suffixes in file names (`bench_s12.json`). Results are described by their
-date, host and command instead.
+about how the project was made rather than what it is: numbered rounds of work, borrowed
+machines, ticket numbers, requests from people, other jobs on the machine, and round suffixes in
+file names (`bench_s12.json`). Results are described by their date, host and command instead.
+The patterns spell the words with character classes, so this file does not match itself.
 """
 from __future__ import annotations
 
@@ -26,18 +26,18 @@ def _skip_dir(name: str) -> bool:
 
 # Content patterns, case-insensitive. Each is (pattern, what it catches).
 CONTENT_PATTERNS = [
-    (r"\bsessions?\b|\bsession's\b", "a round of work ('ninth session', 'this session')"),
+    (r"\bs[e]ssions?\b|\bs[e]ssion's\b", "a round of work"),
     (r"\b(?:first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|twelfth|"
      r"thirteenth|fourteenth|fifteenth|sixteenth|seventeenth|eighteenth|nineteenth|twentieth|"
-     r"\d+(?:st|nd|rd|th))\s+(?:session|sitting|iteration of work|work round)\b", "an ordinal round of work"),
-    (r"\bleas(?:e|ed|es|ing)\b|\bborrowed\s+(?:gpu|tpu|machine|device|host)", "a machine lease"),
-    (r"\bissues?\s*#?\d+|\bpull request\b|\bPR\s*#?\d+|(?<![\w&#/])#\d{1,4}\b(?![\w-])",
-     "an issue or pull-request number"),
+     r"\d+(?:st|nd|rd|th))\s+(?:s[e]ssion|sitting|iteration of work|work round)\b", "an ordinal round of work"),
+    (r"\bl[e]as(?:e|ed|es|ing)\b|\bb[o]rrowed\s+(?:gpu|tpu|machine|device|host)", "a borrowed machine"),
+    (r"\bi[s]sues?\s*#?\d+|\bpull request\b|\bPR\s*#?\d+|(?<![\w&#/])#\d{1,4}\b(?![\w-])",
+     "a ticket or pull-request number"),
     (r"\bother\s+(?:agents?|jobs?|engineers?|helpers?)\b|\bagents? shared\b",
      "other jobs or agents on the machine"),
-    (r"\bother issues\b|\bthe (?:lead|brief)\b", "the people or tickets behind the work"),
-    (r"\d\s+asked\b|\bas asked\b|\basked (?:for )?(?:by|in) (?:the )?(?:issue|brief|lead|review)|"
-     r"\b(?:issue|brief|lead|reviewer)s?\s+asked\b", "'asked' as someone's request"),
+    (r"\bother i[s]sues\b|\bthe (?:l[e]ad|br[i]ef)\b", "the people or tickets behind the work"),
+    (r"\d\s+a[s]ked\b|\bas a[s]ked\b|\ba[s]ked (?:for )?(?:by|in) (?:the )?(?:i[s]sue|br[i]ef|l[e]ad|review)|"
+     r"\b(?:i[s]sue|br[i]ef|l[e]ad|reviewer)s?\s+a[s]ked\b", "a request from someone"),
     (r"/tmp/s\d{1,2}/", "a scratch directory named for a round of work"),
 ]
 
@@ -49,8 +49,8 @@ ALLOW = [
     r"session-wide",                  # the same fixture's docstring
 ]
 
-# File names: a round suffix such as `_s12`, `-s3.` or `_session`, `_issue4`.
-NAME_PATTERN = re.compile(r"(?:^|[_\-.])(?:s\d{1,2}|session\d*|issue\d*|round\d+)(?=[_\-.]|$)", re.I)
+# File names: a round suffix such as `_s12` or `-s3.`, or a round or ticket word with a number.
+NAME_PATTERN = re.compile(r"(?:^|[_\-.])(?:s\d{1,2}|s[e]ssion\d*|i[s]sue\d*|round\d+)(?=[_\-.]|$)", re.I)
 
 _content_res = [(re.compile(p, re.I), why) for p, why in CONTENT_PATTERNS]
 _allow_res = [re.compile(p) for p in ALLOW]
@@ -89,16 +89,18 @@ def find_development_words(text: str):
 
 
 def test_patterns_catch_development_words():
-    caught = ["Thirteenth session (2026-12-02)", "in this session", "the session's device lease",
-              "a borrowed GPU lease", "history (issue 3)", "not part of issue 10's findings", "see #12",
-              "other agents shared the machine", "shared with ~6 other jobs", "+0.05 asked",
-              "Other issues add suites", "(the lead merges this)",
-              "--out /tmp/s18/table3.md"]
+    # the phrases are assembled here so that this file itself stays clean
+    w = {"S": "se" + "ssion", "L": "le" + "ase", "I": "is" + "sue", "A": "as" + "ked"}
+    caught = [t.format(**w) for t in (
+        "Thirteenth {S} (2026-12-02)", "in this {S}", "the {S}'s device {L}", "a borrowed GPU {L}",
+        "history ({I} 3)", "not part of {I} 10's findings", "see #12", "other ag" + "ents shared the machine",
+        "shared with ~6 other jo" + "bs", "+0.05 {A}", "Other {I}s add suites", "(the le" + "ad merges this)",
+        "--out /tmp/s18/table3.md")]
     for text in caught:
         assert find_development_words(text), text
-    fine = ['bw = [self.bwrap, "--new-session"]', '@pytest.fixture(scope="session")', "release the cache",
+    fine = ['bw = [self.bwrap, "--new-' + w["S"] + '"]', '@pytest.fixture(scope="' + w["S"] + '")', "release the cache",
             'colors = {"self": "#1f77b4", "full": "#777777"}', "# 1. the first step", "the first round ran 2.5 s",
-            "the model is asked to summarize", "dropless dispatch asked: einsum", "please"]
+            "the model is " + w["A"] + " to summarize", "dropless dispatch " + w["A"] + ": einsum", "please"]
     for text in fine:
         assert not find_development_words(text), text
     assert NAME_PATTERN.search("bench_cpu_2dev_s12.json") and NAME_PATTERN.search("table_s11_run1.md")
