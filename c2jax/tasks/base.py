@@ -4,7 +4,7 @@ A task is a small repository (`files`) plus a terse prompt. The agent edits the 
 at grading time the `hidden_tests` run against the final tree through the caller's `run`
 callable (the harness sandbox). Two protocols:
 
-* `test_command=None` (every built-in suite but stdlib_bugs): the hidden tests are Python
+* `test_command=None` (every built-in suite): the hidden tests are Python
   files run by the harness's own runner (c2jax.tasks.hidden_runner), which never imports the
   task's code in the process that judges it and reports per test over a signed channel the
   code under test cannot forge (see that module for the threat model). The tests never touch
@@ -12,7 +12,8 @@ callable (the harness sandbox). Two protocols:
 * a `test_command` list: the hidden tests are written at their paths in the tree, the command
   runs, they are removed again; the pass signal is `PASS_MARKER + nonce` on stdout. The code
   under test shares a process with such tests and could forge it; use it for trusted runners
-  only (stdlib_bugs runs CPython's own unittest files this way).
+  only. stdlib_bugs, whose CPython unittest files must import the module under test,
+  overrides `run_hidden_tests` with a guarded in-process runner (c2jax.tasks.stdlib_bugs).
 
 Every host-side read of the tree goes through c2jax.agent.workspace.read_tree (no link is
 followed; as the tree's owner when the harness is root).
@@ -138,6 +139,7 @@ class Task:
     grader: str | None = None
     timeout_s: float = 60.0
     rule_checks: tuple = ()  # c2jax.tasks.authoring: callables or "module:function" strings
+    uses_harness_runner = True  # class attribute: subclasses with their own runner set False
 
     def __post_init__(self):
         if self.split not in ("train", "heldout"):
@@ -155,7 +157,7 @@ class Task:
         overlap = set(self.files) & set(self.hidden_tests)
         if overlap:
             raise ValueError(f"Task {self.task_id}: hidden tests {sorted(overlap)} are also repository files")
-        if self.test_command is None and self.hidden_tests:
+        if self.test_command is None and self.hidden_tests and self.uses_harness_runner:
             from c2jax.tasks.grading import expected_test_ids, stdlib_shadows
             try:
                 expected_test_ids(self.hidden_tests)

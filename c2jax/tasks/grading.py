@@ -57,8 +57,12 @@ def stdlib_shadows(files: dict[str, str], hidden_tests: dict[str, str]) -> list[
     return sorted(tops & imported & set(sys.stdlib_module_names))
 
 
-def verify_result(stdout: str, key: bytes, run_id: str, expected: list[str]) -> dict[str, Any]:
-    """Checks the runner's signed record: {"passed", "score", "tests", "checks", "problem"}."""
+def verify_result(stdout: str, key: bytes, run_id: str, expected: list[str] | None,
+                  allow_any_ids: bool = False) -> dict[str, Any]:
+    """Checks the runner's signed record: {"passed", "score", "tests", "checks", "problem", ...}.
+
+    A record that lists guard violations (c2jax.tasks.stdlib_runner) never passes. With
+    allow_any_ids (test discovery, trusted code only) the reported ids are taken as expected."""
     record = None
     for line in (stdout or "").splitlines():
         if not line.startswith(hidden_runner.RESULT_PREFIX):
@@ -73,7 +77,8 @@ def verify_result(stdout: str, key: bytes, run_id: str, expected: list[str]) -> 
             except ValueError:
                 record = None
             break
-    out: dict[str, Any] = {"passed": False, "score": 0.0, "tests": {}, "checks": {}, "problem": ""}
+    out: dict[str, Any] = {"passed": False, "score": 0.0, "tests": {}, "checks": {}, "problem": "",
+                           "errors": {}, "raw": {}, "violations": [], "shadow_ok": False}
     if not isinstance(record, dict):
         out["problem"] = "no signed result from the test runner"
         return out
@@ -85,7 +90,16 @@ def verify_result(stdout: str, key: bytes, run_id: str, expected: list[str]) -> 
     errors = {str(k): v.get("error", "") for k, v in (record.get("tests") or {}).items()
               if isinstance(v, dict) and v.get("error")}
     checks = {str(k): str(v) for k, v in (record.get("checks") or {}).items()}
-    out.update(tests=tests, checks=checks, errors=errors)
+    raw = {str(k): str(v.get("raw", v.get("outcome"))) for k, v in (record.get("tests") or {}).items()
+           if isinstance(v, dict)}
+    violations = [str(v) for v in (record.get("violations") or [])]
+    out.update(tests=tests, checks=checks, errors=errors, raw=raw, violations=violations,
+               shadow_ok=record.get("shadow_ok", True) is True)
+    if allow_any_ids or expected is None:
+        expected = sorted(tests)
+    if violations:
+        out["problem"] = "the code under test tripped the grader's guard: " + "; ".join(violations[:5])
+        return out
     if set(tests) != set(expected):
         out["problem"] = (f"reported tests differ from the expected ones: missing "
                           f"{sorted(set(expected) - set(tests))[:5]}, unexpected {sorted(set(tests) - set(expected))[:5]}")

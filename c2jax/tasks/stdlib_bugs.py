@@ -14,10 +14,10 @@ Discovery runs the test file once per candidate mutant; results are cached as JS
 `$C2JAX_CACHE` (default ~/.cache/c2jax)/stdlib_bugs/py3.12/<module>/<source hash>.json.
 Split: by module (heldout modules never appear in train).
 
-Pass signal: these tasks keep the legacy test-command protocol (c2jax.tasks.base): the test
-file must import the task's module into its own process, so code under test shares that
-process with the runner and could forge its marker. The harness runner's guarantees
-(c2jax.tasks.hidden_runner) do not hold here; weigh this suite's RL reward accordingly.
+Pass signal: the test file must import the task's module into its own process, so these
+tasks have their own runner (c2jax.tasks.stdlib_runner: signed per-test record over a private
+fd, one-module import finder, audit-hook guard) and a static containment check of the
+submission (c2jax.tasks.containment); both modules' docstrings say what they cover.
 """
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ import hashlib
 import json
 import os
 import random
+import secrets
 import sys
 import sysconfig
 import tempfile
@@ -35,16 +36,9 @@ import threading
 import time
 from pathlib import Path
 
-from c2jax.tasks.base import (
-    HIDDEN_DIR,
-    NONCE_PLACEHOLDER,
-    Task,
-    local_run,
-    minimal_edit,
-    parse_test_report,
-    stable_hash,
-)
-from c2jax.tasks.stdlib_runner import runner_source
+from c2jax.tasks.base import HIDDEN_DIR, Grade, Task, local_run, minimal_edit, stable_hash
+from c2jax.tasks.containment import containment_violations, runtime_allowances
+from c2jax.tasks.stdlib_runner import RUNNER_SOURCE
 
 TRAIN_MODULES = ("textwrap", "fnmatch", "shlex", "heapq", "string", "base64", "graphlib",
                  "fractions", "difflib")
@@ -231,35 +225,86 @@ def enumerate_mutations(text: str) -> list[Mutation]:
 
 # ---------------------------------------------------------------- running the test file
 
-def hidden_files(module: str, test_src: str, select: list[str] | None) -> dict[str, str]:
-    return {f"{HIDDEN_DIR}/test_{module}.py": test_src,
-            f"{HIDDEN_DIR}/run_tests.py": runner_source(module, f"test_{module}.py", select)}
+def run_payload(module: str, test_src: str, select, allow_from: list[str]) -> dict:
+    """The runner's stdin (without key and run id): what to test and what the module may do."""
+    return {"module": module, "module_file": f"{module}.py", "test_name": f"test_{module}",
+            "test_src": test_src, "test_path": str(TEST_DIR / f"test_{module}.py"),
+            "select": None if select is None else sorted(select), **runtime_allowances(allow_from)}
+
+
+def run_stdlib_runner(payload: dict, workspace_path: Path, run, timeout_s: float,
+                      expected: list[str] | None) -> dict:
+    """Runs the stdlib runner in `workspace_path`; returns grading.verify_result's dict with
+    per-test outcomes, error lines, violations and the run's returncode / timed_out.
+
+    expected None (discovery): the ids of whatever the runner reports are accepted."""
+    from c2jax.tasks.grading import verify_result
+    key, run_id = secrets.token_bytes(32), secrets.token_hex(16)
+    stdin = json.dumps({"key": key.hex(), "run": run_id, **payload})
+    r = run(["python3", "-I", "-S", "-c", RUNNER_SOURCE], Path(workspace_path), timeout_s, stdin=stdin)
+    out = verify_result(r.stdout or "", key, run_id, expected, allow_any_ids=expected is None)
+    out.update(returncode=r.returncode, timed_out=bool(getattr(r, "timed_out", False)),
+               stderr_tail=(r.stderr or "")[-2000:])
+    if out["timed_out"]:
+        out["passed"], out["score"] = False, min(out["score"], 0.99)
+    return out
 
 
 def run_test_file(module: str, module_src: str, test_src: str, select=None, run=local_run,
                   timeout_s: float = RUN_TIMEOUT_S):
     """Run the module's test file against `module_src` in a temp dir.
 
-    Returns (outcomes {test_id: outcome} or None, messages {test_id: str}, timed_out).
+    Returns (outcomes {test_id: "pass" | "fail" | "error" | "skip" | "missing"} or None,
+    messages {test_id: str}, timed_out).
     """
-    nonce = "discover" + hashlib.sha1(module_src.encode()).hexdigest()[:8]
     with tempfile.TemporaryDirectory(prefix="c2jax_stdlib_") as d:
-        root = Path(d)
-        (root / f"{module}.py").write_text(module_src)
-        (root / HIDDEN_DIR).mkdir()
-        for rel, content in hidden_files(module, test_src, select).items():
-            (root / rel).write_text(content.replace(NONCE_PLACEHOLDER, nonce))
-        r = run(["python3", f"{HIDDEN_DIR}/run_tests.py", "--messages"], root, timeout_s)
-    outcomes = parse_test_report(r.stdout, nonce)
-    messages = {}
-    prefix = "C2JAX_MESSAGES " + nonce + " "
-    for line in r.stdout.splitlines():
-        if line.startswith(prefix):
-            messages = json.loads(line[len(prefix):])
-    shadow_ok = "C2JAX_SHADOW ok" in r.stdout
-    if outcomes is not None and not shadow_ok and "<import>" not in outcomes:
+        (Path(d) / f"{module}.py").write_text(module_src)
+        res = run_stdlib_runner(run_payload(module, test_src, select, [module_src]), Path(d), run,
+                                timeout_s, None)
+    if not res["raw"]:
+        return None, {}, res["timed_out"]
+    if res["violations"]:
+        raise RuntimeError(f"stdlib_bugs: {module}'s own code tripped the grader's guard: {res['violations'][:3]}")
+    if "<import>" not in res["raw"] and not res["shadow_ok"]:
         raise RuntimeError(f"stdlib_bugs: the test file for {module} did not import the local copy")
-    return outcomes, messages, r.timed_out
+    return res["raw"], res["errors"], res["timed_out"]
+
+
+@dataclasses.dataclass
+class StdlibBugTask(Task):
+    """A stdlib-bug task: graded by c2jax.tasks.stdlib_runner with CPython's own test file.
+
+    Grading first checks the submitted module against the original and the given (buggy) copy
+    (c2jax.tasks.containment), then runs the tests ids in `expected_tests`, all of which must pass.
+    """
+
+    expected_tests: tuple = ()
+    original_source: str = ""
+    uses_harness_runner = False  # a class attribute: the tests run in-process (not a field)
+
+    def __post_init__(self):
+        self.expected_tests = tuple(self.expected_tests)
+        super().__post_init__()
+
+    def run_hidden_tests(self, workspace_path: Path, run) -> Grade:
+        from c2jax.agent.workspace import read_tree
+        module = self.metadata["module"]
+        fname = f"{module}.py"
+        submitted = read_tree(Path(workspace_path)).get(fname)
+        originals = [self.original_source, self.files[fname]]
+        if submitted is None:
+            return Grade(False, 0.0, {"problem": f"{fname} is missing or not a regular file"})
+        found = containment_violations(submitted, originals)
+        if found:
+            return Grade(False, 0.0, {"problem": "the submission uses what a bug fix does not need: "
+                                                 + "; ".join(found[:10]), "containment": found})
+        test_src = self.hidden_tests[f"{HIDDEN_DIR}/test_{module}.py"]
+        payload = run_payload(module, test_src, self.expected_tests, originals)
+        d = run_stdlib_runner(payload, Path(workspace_path), run, self.timeout_s, list(self.expected_tests))
+        d.pop("raw", None)
+        if d["passed"] and not d["shadow_ok"]:
+            d.update(passed=False, score=0.0, problem=f"the tests did not run against the task's {fname}")
+        return Grade(bool(d.pop("passed")), float(d.pop("score")), d)
 
 
 class _Cache:
@@ -267,8 +312,7 @@ class _Cache:
 
     def __init__(self, module: str, module_src: str, test_src: str):
         # keyed by everything that decides the outcomes: module, test file, runner script
-        runner = runner_source(module, f"test_{module}.py", None)
-        key = hashlib.sha256((module_src + "\0" + test_src + "\0" + runner).encode()).hexdigest()[:16]
+        key = hashlib.sha256((module_src + "\0" + test_src + "\0" + RUNNER_SOURCE).encode()).hexdigest()[:16]
         self.path = cache_dir() / module / f"{key}.json"
         self.data = {"baseline": None, "mutants": {}}
         if self.path.exists():
@@ -369,12 +413,12 @@ def make_task(module: str, split: str, found: _Found, miner: ModuleMiner) -> Tas
               f"Find and fix the bug; keep the public API unchanged.")
     select = sorted(miner.baseline)
     fname = f"{module}.py"
-    return Task(
+    return StdlibBugTask(
         task_id=f"stdlib-{module}-{hashlib.sha1((module + m.mutation_id).encode()).hexdigest()[:10]}",
         suite="stdlib_bugs", split=split, prompt=prompt,
         files={fname: m.source},
-        hidden_tests=hidden_files(module, miner.test_src, select),
-        test_command=["python3", f"{HIDDEN_DIR}/run_tests.py"],
+        hidden_tests={f"{HIDDEN_DIR}/test_{module}.py": miner.test_src},
+        test_command=None, expected_tests=select, original_source=miner.src,
         reference_solution=[minimal_edit(fname, m.source, miner.src)],
         metadata={"difficulty": 2, "module": module, "mutation": m.kind, "mutation_id": m.mutation_id,
                   "fail_to_pass": found.fail_to_pass, "n_pass_to_pass": len(select) - n,
