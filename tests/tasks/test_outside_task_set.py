@@ -194,3 +194,20 @@ def test_outside_tasks_run_through_the_eval_cli(acme, tmp_path, policy, accuracy
     rep = json.loads((out / "report.json").read_text())
     s = rep["suites"]["acme_tasks:load"]
     assert s["tasks"] == 12 and s["accuracy"] == accuracy and s["grader_exceptions"] == 0
+
+
+def test_outside_suite_loads_by_entry_point(acme):
+    # an installed distribution declaring the suite in the "c2jax.task_suites" group
+    dist = acme / "acme_tasks-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-tasks\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[c2jax.task_suites]\nacme = acme_tasks:load\n")
+    code = ("from c2jax.tasks import available_suites, load_suite\n"
+            "assert 'acme' in available_suites(), available_suites()\n"
+            "print('loaded', len(load_suite('acme', 'train', n=3)))\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_env(acme), capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0 and "loaded 3" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+    r = subprocess.run([sys.executable, "-m", "c2jax.tasks.validate", "acme", "train", "4"], cwd=ROOT,
+                       env=_env(acme), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "n=4 valid=4" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
