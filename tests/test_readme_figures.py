@@ -94,11 +94,31 @@ def test_benchmark_figures_are_in_their_artifacts(row):
     assert not missing, f"figures not in {', '.join(paths)}: {missing}"
 
 
-def test_quick_start_quotes_no_typed_in_results():
-    """The demo writes no committed artifact, so the README describes what it prints without figures."""
+DEMO_ARTIFACT = "experiments/results/demo/report.json"
+DEMO_TIME = "experiments/results/demo/make_demo_time.txt"
+
+
+def _quick_start() -> str:
     with open(README) as f:
-        section = f.read().split("\n## Quick start", 1)[1].split("\n## ", 1)[0]
-    typed = [n for n in numbers(re.sub(r"Python \d+\.\d+", "", section)) if "." in n]
-    assert not typed, f"figures in the quick start with no artifact behind them: {typed}"
+        return f.read().split("\n## Quick start", 1)[1].split("\n## ", 1)[0]
+
+
+def test_quick_start_has_the_two_commands():
+    section = _quick_start()
     commands = [ln.strip() for ln in section.split("```bash", 1)[1].split("```", 1)[0].splitlines() if ln.strip()]
     assert commands == ["make demo", "make test"], commands
+
+
+def test_demo_figures_are_in_the_demo_report():
+    """Every number in the quick start's demo table is in the committed report of a fresh run."""
+    section = _quick_start()
+    assert DEMO_ARTIFACT in section
+    lines = [ln for ln in section.splitlines() if ln.startswith("|")][2:]
+    assert len(lines) >= 5, "the quick start's demo table is missing"
+    candidates = _artifact_numbers(os.path.join(ROOT, DEMO_ARTIFACT))
+    missing = [fig for ln in lines for fig in numbers(ln) if not matches(fig, candidates)]
+    assert not missing, f"demo figures not in {DEMO_ARTIFACT}: {missing}"
+    with open(os.path.join(ROOT, DEMO_TIME)) as f:
+        elapsed = re.search(r"Elapsed .*: (\d+):(\d+)", f.read())
+    m = re.search(r"(\d+) min (\d+) s in all", section)
+    assert elapsed and m and elapsed.groups() == (m.group(1), m.group(2)), "the demo's total time is not its artifact's"
