@@ -71,6 +71,7 @@ def model_defaults() -> ml_collections.ConfigDict:
     m.param_dtype = "float32"          # master weight dtype
     m.quant = "none"                   # expert matmul quantization: none, int8, mxfp8, nvfp4
     m.kernels = kernels_defaults()     # implementation per op (c2jax.ops): "auto" or a registered name
+    m.head_chunks = 1                  # training's output head + loss over the sequence in this many chunks, each rematerialized
     m.remat = "none"                   # "none" or "full" (rematerialize each layer in backward)
     m.scan_unroll = 1                  # layers per iteration of the layer scan (>= the layer count: no loop)
     return m
@@ -328,6 +329,8 @@ def validate_model(m: ml_collections.ConfigDict) -> None:
     _choice("model", "remat", m.remat, ("none", "full"))
     if m.scan_unroll < 1:
         raise ConfigError(f"model.scan_unroll must be >= 1, got {m.scan_unroll}")
+    if m.get("head_chunks", 1) < 1:
+        raise ConfigError(f"model.head_chunks must be >= 1 (1 = the whole sequence at once), got {m.head_chunks}")
     if not 0 <= m.first_k_dense <= m.num_layers:
         raise ConfigError(f"model.first_k_dense={m.first_k_dense} must be in [0, num_layers={m.num_layers}]")
     if m.num_experts < 0:

@@ -67,3 +67,31 @@ def _head_nll_bwd(scale, tied, impl, res, cts):
 
 
 _head_nll.defvjp(_head_nll_fwd, _head_nll_bwd)
+
+
+def chunked_head_token_nll(h_BLD, w, targets_BL, *, chunks: int, scale: float = 1.0, tied: bool = False,
+                           kernels=None):
+    """(nll_BL, lse_BL) as head_token_nll over B*L tokens, computed over the sequence in `chunks`
+    pieces one after another, each rematerialized in the backward pass, so only one chunk's
+    [B, L / chunks, V] float32 logits (and their gradient) are live at a time.
+
+    Chunk c holds positions c, c + chunks, c + 2 * chunks, ... (a strided split keeps the length
+    axis's sharding on the within-chunk axis, so the scan slices an unsharded one). chunks <= 1
+    or a length it does not divide: one pass."""
+    B, L, D = h_BLD.shape
+    if chunks <= 1 or L % chunks:
+        nll_T, lse_T = head_token_nll(h_BLD.reshape(B * L, D), w, targets_BL.reshape(B * L), scale=scale,
+                                      tied=tied, kernels=kernels)
+        return nll_T.reshape(B, L), lse_T.reshape(B, L)
+    Lc = L // chunks
+    h_CBlD = jnp.moveaxis(h_BLD.reshape(B, Lc, chunks, D), 2, 0)
+    t_CBl = jnp.moveaxis(targets_BL.reshape(B, Lc, chunks), 2, 0)
+
+    @jax.checkpoint
+    def one_chunk(h_BlD, t_Bl):
+        nll_T, lse_T = head_token_nll(h_BlD.reshape(B * Lc, D), w, t_Bl.reshape(B * Lc), scale=scale,
+                                      tied=tied, kernels=kernels)
+        return nll_T.reshape(B, Lc), lse_T.reshape(B, Lc)
+
+    _, (nll_CBl, lse_CBl) = jax.lax.scan(lambda c, xs: (c, one_chunk(*xs)), None, (h_CBlD, t_CBl))
+    return (jnp.moveaxis(nll_CBl, 0, 2).reshape(B, L), jnp.moveaxis(lse_CBl, 0, 2).reshape(B, L))

@@ -17,7 +17,7 @@ from c2jax.models import forward, head_weight, update_router_bias
 from c2jax.models.layers import kernels_of
 from c2jax.models.transformer import model_cfg, unrolled_stacks
 from c2jax.ops import token_nll as token_nll_op
-from c2jax.train.head_loss import head_token_nll
+from c2jax.train.head_loss import chunked_head_token_nll
 from c2jax.treepath import flatten_by_path, key_names
 
 BATCH_KEYS = ("inputs", "targets", "segment_ids", "positions", "loss_weights")
@@ -59,11 +59,11 @@ def forward_nll(cfg, params, batch, forced_expert_ids=None, *, scale: float = 1.
     if with_logits:
         nll_BL, lse_BL = token_nll(out.logits * scale if scale != 1.0 else out.logits, batch["targets"])
         return nll_BL, lse_BL, out
-    B, L, D = out.logits.shape
     w, tied = head_weight(cfg, params)
-    nll_T, lse_T = head_token_nll(out.logits.reshape(B * L, D), w, batch["targets"].reshape(B * L),
-                                  scale=scale, tied=tied, kernels=kernels_of(model_cfg(cfg)))
-    return nll_T.reshape(B, L), lse_T.reshape(B, L), out
+    m = model_cfg(cfg)
+    nll_BL, lse_BL = chunked_head_token_nll(out.logits, w, batch["targets"], chunks=int(m.get("head_chunks", 1)),
+                                            scale=scale, tied=tied, kernels=kernels_of(m))
+    return nll_BL, lse_BL, out
 
 
 def mtp_distill_loss(mtp_logits_DBLV, logits_BLV, loss_weights_BL, segment_ids_BL):

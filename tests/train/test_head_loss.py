@@ -148,3 +148,52 @@ def test_loss_terms_fused_equal_logits_path(name, extra):
     g_f = jax.grad(loss)(params, True)
     g_r = jax.grad(loss)(params, False)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), g_f, g_r)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_chunked_head_matches_one_pass(tied):
+    from c2jax.train.head_loss import chunked_head_token_nll
+    rng = np.random.default_rng(3)
+    B, L, D, V = 2, 12, 16, 40
+    h = jnp.asarray(rng.standard_normal((B, L, D)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((V, D) if tied else (D, V)) * 0.3, jnp.float32)
+    t = jnp.asarray(rng.integers(0, V, (B, L)), jnp.int32)
+    g = jnp.asarray(rng.uniform(0.5, 1.5, (B, L)), jnp.float32)
+
+    def loss(h, w, chunks):
+        nll, lse = chunked_head_token_nll(h, w, t, chunks=chunks, scale=0.7, tied=tied)
+        return jnp.sum(g * (nll + 0.1 * lse ** 2)), (nll, lse)
+
+    (ref, (nll1, lse1)), (dh1, dw1) = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(h, w, 1)
+    for chunks in (3, 4, 5):  # 5 does not divide 12: one pass
+        (val, (nll, lse)), (dh, dw) = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True),
+                                             static_argnums=2)(h, w, chunks)
+        np.testing.assert_allclose(nll, nll1, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(lse, lse1, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(dh, dh1, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(dw, dw1, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(val, ref, rtol=1e-5)
+    # and the one-pass path against float64
+    h64, w64 = np.asarray(h, np.float64), np.asarray(w, np.float64)
+    logits = 0.7 * (h64 @ (w64.T if tied else w64))
+    lse64 = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
+    nll64 = lse64 - np.take_along_axis(logits, np.asarray(t)[..., None], -1)[..., 0]
+    np.testing.assert_allclose(nll1, nll64, rtol=1e-5, atol=1e-5)
+
+
+def test_head_chunks_in_the_trainer_loss():
+    cfg = load_config("configs/tiny.py")
+    cfg2 = load_config("configs/tiny.py", ["--config.model.head_chunks=4"])
+    params = c2jax.models.init_params(cfg, jax.random.PRNGKey(0))
+    rng = np.random.default_rng(0)
+    B, L = 2, 16
+    toks = rng.integers(0, cfg.model.vocab_size, (B, L + 1))
+    batch = {"inputs": jnp.asarray(toks[:, :-1], jnp.int32), "targets": jnp.asarray(toks[:, 1:], jnp.int32),
+             "segment_ids": jnp.ones((B, L), jnp.int32), "positions": jnp.tile(jnp.arange(L), (B, 1)),
+             "loss_weights": jnp.ones((B, L), jnp.float32)}
+    n1, l1, _ = forward_nll(cfg, params, batch)
+    n4, l4, _ = forward_nll(cfg2, params, batch)
+    np.testing.assert_allclose(n4, n1, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(l4, l1, rtol=1e-5, atol=1e-5)
+    with pytest.raises(c2jax.config.ConfigError, match="head_chunks"):
+        load_config("configs/tiny.py", ["--config.model.head_chunks=0"])
