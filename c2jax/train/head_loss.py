@@ -70,14 +70,15 @@ _head_nll.defvjp(_head_nll_fwd, _head_nll_bwd)
 
 
 def chunked_head_token_nll(h_BLD, w, targets_BL, *, chunks: int, scale: float = 1.0, tied: bool = False,
-                           kernels=None):
+                           kernels=None, unroll: bool = False):
     """(nll_BL, lse_BL) as head_token_nll over B*L tokens, computed over the sequence in `chunks`
     pieces one after another, each rematerialized in the backward pass, so only one chunk's
     [B, L / chunks, V] float32 logits (and their gradient) are live at a time.
 
     Chunk c holds positions c, c + chunks, c + 2 * chunks, ... (a strided split keeps the length
     axis's sharding on the within-chunk axis, so the scan slices an unsharded one). chunks <= 1
-    or a length it does not divide: one pass."""
+    or a length it does not divide: one pass. The backward recomputes each chunk's logits (one
+    more head matmul). unroll: straight-line chunks (for cost analysis; more memory)."""
     B, L, D = h_BLD.shape
     if chunks <= 1 or L % chunks:
         nll_T, lse_T = head_token_nll(h_BLD.reshape(B * L, D), w, targets_BL.reshape(B * L), scale=scale,
@@ -93,5 +94,8 @@ def chunked_head_token_nll(h_BLD, w, targets_BL, *, chunks: int, scale: float = 
                                       tied=tied, kernels=kernels)
         return nll_T.reshape(B, Lc), lse_T.reshape(B, Lc)
 
-    _, (nll_CBl, lse_CBl) = jax.lax.scan(lambda c, xs: (c, one_chunk(*xs)), None, (h_CBlD, t_CBl))
+    # A scan keeps one chunk's logits live (straight-line chunks let the scheduler overlap them);
+    # unroll=True is for cost analysis, which counts a scan's body once.
+    _, (nll_CBl, lse_CBl) = jax.lax.scan(lambda c, xs: (c, one_chunk(*xs)), None, (h_CBlD, t_CBl),
+                                         unroll=bool(unroll))
     return (jnp.moveaxis(nll_CBl, 0, 2).reshape(B, L), jnp.moveaxis(lse_CBl, 0, 2).reshape(B, L))

@@ -61,8 +61,11 @@ def forward_nll(cfg, params, batch, forced_expert_ids=None, *, scale: float = 1.
         return nll_BL, lse_BL, out
     w, tied = head_weight(cfg, params)
     m = model_cfg(cfg)
+    # a fully unrolled layer stack (scan_unroll >= layers) is the straight-line program whose
+    # compiled cost counts every layer: the head's chunks are unrolled there too
     nll_BL, lse_BL = chunked_head_token_nll(out.logits, w, batch["targets"], chunks=int(m.get("head_chunks", 1)),
-                                            scale=scale, tied=tied, kernels=kernels_of(m))
+                                            scale=scale, tied=tied, kernels=kernels_of(m),
+                                            unroll=m.scan_unroll >= m.num_layers)
     return nll_BL, lse_BL, out
 
 

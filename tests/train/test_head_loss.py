@@ -160,14 +160,14 @@ def test_chunked_head_matches_one_pass(tied):
     t = jnp.asarray(rng.integers(0, V, (B, L)), jnp.int32)
     g = jnp.asarray(rng.uniform(0.5, 1.5, (B, L)), jnp.float32)
 
-    def loss(h, w, chunks):
-        nll, lse = chunked_head_token_nll(h, w, t, chunks=chunks, scale=0.7, tied=tied)
+    def loss(h, w, chunks, unroll=False):
+        nll, lse = chunked_head_token_nll(h, w, t, chunks=chunks, scale=0.7, tied=tied, unroll=unroll)
         return jnp.sum(g * (nll + 0.1 * lse ** 2)), (nll, lse)
 
     (ref, (nll1, lse1)), (dh1, dw1) = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(h, w, 1)
-    for chunks in (3, 4, 5):  # 5 does not divide 12: one pass
+    for chunks, unroll in ((3, False), (4, False), (4, True), (5, False)):  # 5 does not divide 12: one pass
         (val, (nll, lse)), (dh, dw) = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True),
-                                             static_argnums=2)(h, w, chunks)
+                                             static_argnums=(2, 3))(h, w, chunks, unroll)
         np.testing.assert_allclose(nll, nll1, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(lse, lse1, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(dh, dh1, rtol=1e-5, atol=1e-5)
