@@ -1,0 +1,576 @@
+"""Side-by-side TPU ahead-of-time compile of c2jax's train step and MaxText's, same model, same
+slice, same batch / sequence / precision / remat / mesh, on this CPU machine (libtpu compiles for
+a topology from jax.experimental.topologies; nothing runs on a TPU).
+
+    .venv/bin/python experiments/bench/tpu_aot.py --list
+    .venv/bin/python experiments/bench/tpu_aot.py --point qwen3_30b_a3b-fsdp64
+    .venv/bin/python experiments/bench/tpu_aot.py --point qwen3_30b_a3b-fsdp8_ep8 --side c2jax
+    .venv/bin/python experiments/bench/tpu_aot.py --tiny --out-dir /tmp/aot
+
+Each side's step: f32 params + AdamW moments (f32), bf16 compute, full remat of every layer,
+global-norm clip 1.0, dropless MoE with the grouped-matmul kernels, flash attention.
+  c2jax:   c2jax.train.step.make_train_step through c2jax.parallel.compile_check (its abstract
+           sharded train state, its lowering on the topology's TPU devices), in this process.
+  MaxText: maxtext.trainers.pre_train.train_compile.main in `.venv-maxtext`, as a subprocess
+           through experiments/reference/maxtext_aot_driver.py (a point whose venv is missing
+           is recorded as "not run: .venv-maxtext missing").
+
+Figures. XLA's cost analysis counts a loop body once, so FLOPs, bytes accessed and the
+compiler's optimal_seconds come from two UNROLLED compiles of `lo` and `hi` layers (2 and 4 by
+default; more when the model has leading dense layers, so both hold every dense layer):
+    per_layer = (f_hi - f_lo) / (hi - lo),   whole = f_lo + (L - lo) * per_layer.
+Peak HBM per chip comes from a compile of the full-depth model with its layers scanned (the way
+both train; `hbm_source` says so), unless --no-full, when it is extrapolated the same way from
+the unrolled compiles (`hbm_source` says that too). Model FLOPs = 6 * N_active * tokens +
+causal attention FLOPs (c2jax.models.flops_per_token, the same figure for both sides); implied
+MFU = model FLOPs per chip / (whole optimal_seconds * the chip's peak bf16 FLOP/s). Kernels:
+`tpu_custom_call` sites per Mosaic kernel name in each lowered program.
+
+Outputs: OUT_DIR/DATE_POINT.json and OUT_DIR/DATE_POINT.md (one table per run).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import importlib.metadata
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+MAXTEXT_PY = os.path.join(ROOT, ".venv-maxtext", "bin", "python")
+DRIVER = os.path.join(ROOT, "experiments", "reference", "maxtext_aot_driver.py")
+DEFAULT_OUT = os.path.join(ROOT, "experiments", "results", "tpu_aot")
+GiB = 1024 ** 3
+sys.path.insert(0, os.path.dirname(DRIVER))
+from maxtext_aot_driver import kernels_without_cost_estimate  # noqa: E402  (no MaxText import)
+
+# ----------------------------------------------------------------------------- points
+# model: c2jax config file (plus model overrides) and MaxText's model_name (plus overrides)
+MODELS = {
+    "qwen3_30b_a3b": {"c2jax": "configs/qwen3_moe_30b_a3b.py", "maxtext": "qwen3-30b-a3b", "c2jax_model": {},
+                      "maxtext_model": {}},
+    "deepseek_v3_671b": {"c2jax": "configs/deepseek_v3_671b.py", "maxtext": "deepseek3-671b",
+                         # MaxText's deepseek3-671b has no MTP head and routes without groups
+                         # unless n_routing_groups / topk_routing_group are set: set them as V3 does
+                         "c2jax_model": {"num_mtp_layers": 0},
+                         "maxtext_model": {"n_routing_groups": 8, "topk_routing_group": 4}},
+    "kimi_k2_1t": {"c2jax": "configs/kimi_k2_1t.py", "maxtext": "kimi-k2-1t", "c2jax_model": {"num_mtp_layers": 0},
+                   "maxtext_model": {}},
+    # a Qwen3-MoE-shaped toy (the test's point): c2jax defaults, bf16, 4 layers
+    "tiny": {"c2jax": None, "maxtext": "qwen3-30b-a3b",
+             "c2jax_model": {"name": "tiny", "dtype": "bfloat16", "num_layers": 4, "first_k_dense": 0,
+                             "hidden_size": 128, "num_heads": 4, "num_kv_heads": 2, "head_dim": 128,
+                             "moe_intermediate_size": 128, "intermediate_size": 256, "num_experts": 8,
+                             "num_experts_per_tok": 2, "vocab_size": 512},
+             "maxtext_model": {"base_emb_dim": 128, "base_num_query_heads": 4, "base_num_kv_heads": 2,
+                               "head_dim": 128, "base_moe_mlp_dim": 128, "base_mlp_dim": 128, "num_experts": 8,
+                               "num_experts_per_tok": 2, "vocab_size": 512}},
+}
+
+# layout: (c2jax mesh.shape over (data, fsdp, context, expert), c2jax rules, MaxText ici_* settings)
+FSDP_RULES = {"embed": "fsdp", "expert_embed": "fsdp", "experts": "expert", "batch": ("data", "fsdp", "expert")}
+EP_RULES = {"embed": ("fsdp", "expert"), "expert_embed": "fsdp", "experts": "expert",
+            "batch": ("data", "fsdp", "expert")}
+
+
+def layout(fsdp: int, ep: int) -> dict:
+    return {"c2jax_mesh": (1, fsdp, 1, ep), "c2jax_rules": FSDP_RULES if ep == 1 else EP_RULES,
+            "maxtext_mesh": {"ici_fsdp_parallelism": fsdp, "ici_expert_parallelism": ep}}
+
+
+POINTS = {
+    "qwen3_30b_a3b-fsdp64": dict(model="qwen3_30b_a3b", topology="v5p:4x4x4", fsdp=64, ep=1, batch=64, seq=4096),
+    "qwen3_30b_a3b-fsdp8_ep8": dict(model="qwen3_30b_a3b", topology="v5p:4x4x4", fsdp=8, ep=8, batch=64, seq=4096),
+    # v5p-512 (256 chips): 671B x 16 B of f32 state + grads = 10.7 TB, 42 GB per chip
+    "deepseek_v3_671b-fsdp32_ep8": dict(model="deepseek_v3_671b", topology="v5p:4x8x8", fsdp=32, ep=8, batch=256,
+                                        seq=4096, layers=(4, 6)),
+    # v5p-1024 (512 chips): 1.04T x 16 B = 16.6 TB, 32 GB per chip
+    "kimi_k2_1t-fsdp64_ep8": dict(model="kimi_k2_1t", topology="v5p:8x8x8", fsdp=64, ep=8, batch=512, seq=4096),
+    "tiny": dict(model="tiny", topology="v5p:2x2x1", fsdp=2, ep=2, batch=8, seq=256),
+}
+
+# what differs between the two programs of a point, whatever the layout
+COMMON_DIFFERENCES = [
+    "MoE dispatch: c2jax sorts token copies by expert and runs the Pallas grouped matmul (gmm/tgmm) "
+    "dropless on each chip's tokens; MaxText (sparse_matmul + megablox) does the same with its own "
+    "megablox kernels. With EP, c2jax exchanges fixed-size rows per peer (mesh.ep_capacity_factor 2.0: "
+    "tokens past 2x the mean load per peer are dropped), MaxText a ragged all-to-all (dropless): the "
+    "two EP programs move different byte counts.",
+    "Attention: c2jax's Pallas flash kernel (jax.experimental.pallas.ops.tpu.flash_attention); MaxText's "
+    "splash attention (attention=flash).",
+    "Loss: c2jax's token NLL op and z-loss 0; MaxText's cross entropy (z-loss 0). Both clip the global "
+    "gradient norm at 1.0 and run AdamW (b1 0.9, b2 0.95, wd 0.1).",
+    "Device order: the same TPU devices (get_topology_desc of the same topology name, MaxText with "
+    "internal_compile=true); c2jax builds its mesh with mesh_utils.create_device_mesh, MaxText with its "
+    "create_device_mesh (allow_split_physical_axes=true), which may place the axes on the torus differently.",
+]
+
+
+def point_spec(name: str) -> dict:
+    if name not in POINTS:
+        raise SystemExit(f"unknown point {name!r}; --list shows them")
+    p = dict(POINTS[name])
+    p["name"] = name
+    p.setdefault("layers", (2, 4))
+    p.update(layout(p["fsdp"], p["ep"]))
+    return p
+
+
+# ----------------------------------------------------------------------------- c2jax side
+
+def c2jax_config(p: dict, layers: int | None, unrolled: bool):
+    """The c2jax config of point `p` with `layers` decoder layers (None = the model's), its layer
+    stack unrolled (straight-line code) or scanned."""
+    from c2jax.config import default_config, load_config_file
+    spec = MODELS[p["model"]]
+    cfg = default_config()
+    if spec["c2jax"]:
+        cfg.model = load_config_file(os.path.join(ROOT, spec["c2jax"])).model
+    for k, v in spec["c2jax_model"].items():
+        with cfg.model.ignore_type():
+            cfg.model[k] = v
+    m = cfg.model
+    m.dtype, m.param_dtype, m.remat, m.moe_dispatch = "bfloat16", "float32", "full", "dropless"
+    if layers is not None:
+        m.num_layers = layers
+    m.scan_unroll = m.num_layers if unrolled else 1
+    cfg.mesh.shape = tuple(p["c2jax_mesh"])
+    cfg.mesh.rules = tuple((n, p["c2jax_rules"].get(n, t)) for n, t in cfg.mesh.rules)
+    cfg.mesh.ep_capacity_factor = 2.0
+    cfg.train.batch_size, cfg.train.seq_len, cfg.train.grad_accum = p["batch"], p["seq"], 1
+    return cfg
+
+
+def _cost(compiled) -> dict:
+    c = compiled.cost_analysis()
+    if isinstance(c, (list, tuple)):
+        c = c[0]
+    c = c or {}
+    return {"flops": float(c.get("flops", 0.0)), "bytes_accessed": float(c.get("bytes accessed", 0.0)),
+            "optimal_seconds": float(c.get("optimal_seconds", 0.0)),
+            "transcendentals": float(c.get("transcendentals", 0.0))}
+
+
+def c2jax_compile(p: dict, layers: int | None, unrolled: bool, devices) -> dict:
+    """Lower + compile c2jax's train step for one depth; the compiler's reports."""
+    from c2jax.config import validate
+    from c2jax.ops.registry import record_choices
+    from c2jax.parallel import compile_check as cc
+    from c2jax.parallel.mesh import make_mesh
+    cfg = c2jax_config(p, layers, unrolled)
+    validate(cfg, num_devices=len(devices))
+    mesh = make_mesh(cfg, devices)
+    t0 = time.time()
+    abstract = cc.abstract_train_state(cfg, mesh)
+    with record_choices() as kernels:
+        lowered = cc.compile_train_step(cfg, mesh, abstract)
+    lower_s = time.time() - t0
+    text = lowered.as_text()
+    mosaic = cc.mosaic_kernels(text)
+    no_estimate = kernels_without_cost_estimate(text)
+    del text
+    t0 = time.time()
+    compiled, oom = cc._compile(lowered)
+    compile_s = time.time() - t0
+    out = {"layers": cfg.model.num_layers, "scan": not unrolled, "lower_s": round(lower_s, 1),
+           "compile_s": round(compile_s, 1), "mesh": {k: int(v) for k, v in mesh.shape.items() if v > 1},
+           "ops": {op: dict(v) for op, v in kernels.items()}, "mosaic_kernels": mosaic,
+           "kernels_without_cost_estimate": no_estimate}
+    if compiled is None:
+        out.update(status="hbm_oom", memory=oom, error=oom.get("compile_error"))
+    else:
+        out.update(status="ok", memory=cc._memory(compiled), cost=_cost(compiled))
+        out["memory"].update(cc.state_breakdown(abstract[2]))
+    del compiled, lowered, abstract
+    gc.collect()
+    return out
+
+
+def c2jax_side(p: dict, compiles: list[tuple[str, int | None, bool]]) -> dict:
+    from c2jax.parallel import compile_check as cc
+    devices = cc.topology_devices(p["topology"])
+    res = {"side": "c2jax", "jax": _version("jax"), "libtpu": _version("libtpu"), "compiles": {}}
+    for key, layers, unrolled in compiles:
+        print(f"[c2jax] {p['name']}: compiling {key} ...", flush=True)
+        r = c2jax_compile(p, layers, unrolled, devices)
+        res["compiles"][key] = r
+        print(f"[c2jax] {key}: {r['status']} lower {r['lower_s']} s, compile {r['compile_s']} s, "
+              f"HBM {r['memory'].get('peak_gib', float('nan')):.2f} GiB, cost {r.get('cost')}", flush=True)
+    return res
+
+
+# ----------------------------------------------------------------------------- MaxText side
+
+def maxtext_overrides(p: dict, layers: int | None, unrolled: bool) -> list[str]:
+    spec = MODELS[p["model"]]
+    chips = math.prod(int(x) for x in p["topology"].split(":")[1].split("x"))
+    if p["batch"] % chips:
+        raise SystemExit(f"{p['name']}: MaxText's per_device_batch_size needs batch {p['batch']} divisible by {chips}")
+    ov = {"model_name": spec["maxtext"], "override_model_config": "true",
+          "compile_topology": p["topology"], "internal_compile": "true", "internal_compile_num_devices": chips,
+          "compile_topology_num_slices": 1, "dcn_data_parallelism": 1,
+          "per_device_batch_size": p["batch"] // chips, "max_target_length": p["seq"],
+          "remat_policy": "full", "weight_dtype": "float32", "dtype": "bfloat16",
+          "scan_layers": "false" if unrolled else "true", "allow_split_physical_axes": "true",
+          "attention": "flash", "sparse_matmul": "true", "megablox": "true", "capacity_factor": -1.0,
+          "opt_type": "adamw", "gradient_clipping_threshold": 1.0, "gradient_accumulation_steps": 1,
+          "dataset_type": "synthetic", "enable_checkpointing": "false", "run_name": "tpu_aot",
+          "base_output_directory": "/tmp/maxtext_aot", "enable_tensorboard": "false",
+          **p["maxtext_mesh"], **spec["maxtext_model"]}
+    if layers is not None:
+        ov["base_num_decoder_layers"] = layers
+    return [f"{k}={v}" for k, v in ov.items()]
+
+
+def maxtext_side(p: dict, compiles, out_dir: str, stem: str, timeout: float) -> dict:
+    if not os.path.exists(MAXTEXT_PY):
+        return {"side": "maxtext", "status": "not run: .venv-maxtext missing (experiments/reference/"
+                                             "setup_maxtext_env.sh creates it)", "compiles": {}}
+    res = {"side": "maxtext", "compiles": {}}
+    for key, layers, unrolled in compiles:
+        out = os.path.join(out_dir, "raw", f"{stem}_maxtext_{key}.json")
+        log = os.path.join(out_dir, "raw", f"{stem}_maxtext_{key}.log")
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        cmd = [MAXTEXT_PY, DRIVER, "--out", out, "--", *maxtext_overrides(p, layers, unrolled)]
+        print(f"[maxtext] {p['name']}: compiling {key} ...", flush=True)
+        t0 = time.time()
+        env = dict(os.environ, JAX_PLATFORMS="cpu", ALLOW_MULTIPLE_LIBTPU_LOAD="1")
+        if "device_count" in env.get("XLA_FLAGS", ""):   # host-device flags are for CPU tests only
+            env.pop("XLA_FLAGS")
+        with open(log, "w") as lf:
+            try:
+                rc = subprocess.run(cmd, stdout=lf, stderr=subprocess.STDOUT, env=env, timeout=timeout).returncode
+            except subprocess.TimeoutExpired:
+                rc = "timeout"
+        wall = round(time.time() - t0, 1)
+        if os.path.exists(out):
+            with open(out) as f:
+                r = json.load(f)
+            r.pop("traceback", None)
+        else:
+            r = {"status": f"error: driver exited {rc} without a report (see {os.path.relpath(log, ROOT)})"}
+        r.update(layers=layers, scan=not unrolled, subprocess_wall_s=wall, command=" ".join(cmd[1:]))
+        for k in ("maxtext", "jax", "libtpu", "flax"):
+            if k in r:
+                res[k] = r.pop(k)
+        r.pop("overrides", None)
+        res["compiles"][key] = r
+        print(f"[maxtext] {key}: {r.get('status')} in {wall} s (lower {r.get('lower_s')} s, compile "
+              f"{r.get('compile_s')} s), memory {r.get('memory')}, cost {r.get('cost')}", flush=True)
+    return res
+
+
+# ----------------------------------------------------------------------------- figures
+
+def extrapolate(lo: dict, hi: dict, n_lo: int, n_hi: int, n_full: int) -> tuple[dict, dict]:
+    """(per_layer, whole) of each numeric field: per_layer = (hi - lo) / (n_hi - n_lo),
+    whole = lo + (n_full - n_lo) * per_layer."""
+    per, whole = {}, {}
+    for k in lo:
+        if isinstance(lo[k], (int, float)) and isinstance(hi.get(k), (int, float)):
+            per[k] = (hi[k] - lo[k]) / (n_hi - n_lo)
+            whole[k] = lo[k] + (n_full - n_lo) * per[k]
+    return per, whole
+
+
+# Mosaic kernel name -> the op it computes (c2jax: pallas_kernels/; MaxText: jax's splash attention,
+# its megablox grouped matmuls, which lower under the name "_lambda_")
+def kernel_family(name: str) -> str:
+    n = name.lower()
+    if any(k in n for k in ("flash", "splash", "mha", "_fwd_kernel", "_dq_kernel", "_dkv_kernel")):
+        return "attention"
+    if "gmm" in n or n == "_lambda_":
+        return "experts"
+    return "other"
+
+
+# Kernel families with no pallas_call cost_estimate, for reports written before the driver
+# recorded them: c2jax's pallas_kernels set none; MaxText's megablox sets one, jax's splash none.
+NO_ESTIMATE_DEFAULT = {"c2jax": ("attention", "experts"), "maxtext": ("attention",)}
+
+
+def kernel_flops(cfg, p: dict, chips: int) -> dict:
+    """Useful FLOPs per chip of the work the Mosaic kernels do in one full-remat step, per layer:
+    experts (per MoE layer) = 4 passes (forward, rematerialized forward, dX, dW) x 2 x tokens x k x
+    3 x D x F; attention (per layer) = causal flash: forward 2 x rows x H x L^2 x (d_qk + d_v) / 2,
+    run twice (forward, rematerialized forward), backward (3 d_qk + 2 d_v) / (d_qk + d_v) x forward."""
+    m = cfg.model
+    tokens = p["batch"] * p["seq"] / chips
+    experts = 4 * 2 * tokens * m.num_experts_per_tok * 3 * m.hidden_size * m.moe_intermediate_size
+    if m.attention == "mla":
+        dqk, dv = m.qk_nope_head_dim + m.qk_rope_head_dim, m.v_head_dim
+    else:
+        dqk = dv = m.head_dim
+    fwd = 2 * (p["batch"] / chips) * m.num_heads * p["seq"] ** 2 * (dqk + dv) / 2
+    attention = 2 * fwd + fwd * (3 * dqk + 2 * dv) / (dqk + dv)
+    n_moe = m.num_layers - m.first_k_dense if m.num_experts else 0
+    return {"attention_per_layer": attention, "experts_per_moe_layer": experts if n_moe else 0.0,
+            "layers": m.num_layers, "moe_layers": n_moe}
+
+
+def uncounted_families(side: dict, hi_key: str) -> tuple[list, str]:
+    hi = side.get("compiles", {}).get(hi_key, {})
+    if "kernels_without_cost_estimate" in hi:
+        fams = sorted({kernel_family(k) for k in hi["kernels_without_cost_estimate"]} - {"other"})
+        return fams, "read from the lowered program (tpu_custom_call sites without cost_estimate)"
+    return sorted(NO_ESTIMATE_DEFAULT[side["side"]]), "from the kernels' sources (not recorded by this run)"
+
+
+def summarize(side: dict, p: dict, n_full: int, peak: float, model_flops_per_chip: float,
+              kflops: dict | None = None) -> dict:
+    """Adds per_layer / whole cost, peak HBM (and its source) and implied MFU to a side's result;
+    with `kflops` (kernel_flops), also optimal_seconds plus the FLOPs of the kernels that carry no
+    cost estimate, at peak."""
+    c = side.get("compiles", {})
+    lo_key, hi_key = f"L{p['layers'][0]}", f"L{p['layers'][1]}"
+    if side.get("status", "").startswith("not run"):
+        return side
+    lo, hi = c.get(lo_key, {}), c.get(hi_key, {})
+    if lo.get("status") == "ok" and hi.get("status") == "ok":
+        side["per_layer"], side["whole"] = extrapolate(lo["cost"], hi["cost"], p["layers"][0], p["layers"][1], n_full)
+        side["mfu_at_optimal_seconds"] = model_flops_per_chip / (side["whole"]["optimal_seconds"] * peak)
+        mem_per, mem_whole = extrapolate(lo["memory"], hi["memory"], p["layers"][0], p["layers"][1], n_full)
+        side["hbm_per_layer_unrolled"] = mem_per
+        if kflops:
+            fams, how = uncounted_families(side, hi_key)
+            extra = ((kflops["attention_per_layer"] * kflops["layers"] if "attention" in fams else 0.0)
+                     + (kflops["experts_per_moe_layer"] * kflops["moe_layers"] if "experts" in fams else 0.0))
+            side["uncounted_kernels"] = {"families": fams, "how": how, "flops_per_chip": extra}
+            side["optimal_seconds_plus_uncounted"] = side["whole"]["optimal_seconds"] + extra / peak
+            side["mfu_at_optimal_plus_uncounted"] = model_flops_per_chip / (side["optimal_seconds_plus_uncounted"]
+                                                                            * peak)
+    full = c.get("full")
+    if full and full.get("status") in ("ok", "hbm_oom"):
+        side["peak_hbm_gib"] = full["memory"]["peak_gib"]
+        side["hbm"] = {k: full["memory"].get(k) for k in ("arguments_gib", "temp_gib", "outputs_gib", "aliased_gib",
+                                                          "peak_gib")}
+        side["hbm_source"] = (f"full depth ({n_full} layers) compiled with the layers scanned"
+                              + ("; the TPU compiler refused it for HBM (temp it asked for)"
+                                 if full["status"] == "hbm_oom" else ""))
+    elif "hbm_per_layer_unrolled" in side:
+        _, whole = extrapolate(lo["memory"], hi["memory"], p["layers"][0], p["layers"][1], n_full)
+        side["peak_hbm_gib"] = whole["peak_gib"]
+        side["hbm"] = {k: whole.get(k) for k in ("arguments_gib", "temp_gib", "outputs_gib", "aliased_gib",
+                                                 "peak_gib")}
+        side["hbm_source"] = f"extrapolated linearly from the unrolled {lo_key} and {hi_key} compiles"
+    bad = {k: v.get("status") for k, v in c.items() if v.get("status") != "ok"}
+    side["status"] = "ok" if not bad and c else f"incomplete: {bad}" if c else side.get("status", "no compiles")
+    side["compile_wall_s"] = round(sum((v.get("lower_s") or 0) + (v.get("compile_s") or 0) for v in c.values()), 1)
+    return side
+
+
+def _version(pkg):
+    try:
+        return importlib.metadata.version(pkg)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def model_figures(p: dict) -> dict:
+    from c2jax.models import flops_per_token, param_count
+    cfg = c2jax_config(p, None, False)
+    counts = param_count(cfg)
+    tokens = p["batch"] * p["seq"]
+    f = flops_per_token(cfg, p["seq"]) * tokens
+    chips = math.prod(int(x) for x in p["topology"].split(":")[1].split("x"))
+    return {"layers": cfg.model.num_layers, "params_total": counts["total"], "params_active": counts["active"],
+            "tokens_per_step": tokens, "model_flops_per_step": f, "kernel_flops_per_chip": kernel_flops(cfg, p, chips)}
+
+
+def layout_notes(p: dict) -> list[str]:
+    notes = []
+    if p["ep"] == 1:
+        notes.append(f"FSDP {p['fsdp']}: c2jax shards dense weights' embed dim and expert weights' embed dim "
+                     "over fsdp (experts unsharded, gathered per layer); MaxText the same (embed / embed_moe -> "
+                     "fsdp, exp -> expert of size 1). Same layout.")
+    else:
+        notes.append(f"FSDP {p['fsdp']} x EP {p['ep']}: dense weights' embed over fsdp x expert (both sides), "
+                     "experts over expert and their embed dim over fsdp (both sides), batch over fsdp x expert "
+                     "(both sides). The EP exchange differs (fixed capacity vs ragged, above).")
+    if MODELS[p["model"]]["c2jax_model"].get("num_mtp_layers") == 0:
+        notes.append("c2jax's model.num_mtp_layers set to 0 (MaxText's config has mtp_num_layers 0).")
+    if p["model"] == "tiny":
+        notes.append("tiny: a toy Qwen3-MoE shape; MaxText's side (if run) is qwen3-30b-a3b overridden to "
+                     "the same dims.")
+    return notes
+
+
+def run_point(p: dict, sides: list[str], full: bool, out_dir: str, timeout: float) -> dict:
+    from c2jax.parallel import compile_check as cc
+    chip, hbm, peak = cc.chip_spec(p["topology"])
+    chips = math.prod(int(x) for x in p["topology"].split(":")[1].split("x"))
+    figs = model_figures(p)
+    n_lo, n_hi = p["layers"]
+    compiles = [(f"L{n_lo}", n_lo, True), (f"L{n_hi}", n_hi, True)]
+    if full:
+        compiles.append(("full", figs["layers"], False))
+    date = datetime.datetime.now(datetime.timezone.utc)
+    stem = f"{date:%Y-%m-%d}_{p['name']}"
+    report = {"date": date.strftime("%Y-%m-%d %H:%M UTC"), "point": p["name"],
+              "command": " ".join([".venv/bin/python", os.path.relpath(os.path.abspath(sys.argv[0]), ROOT), *sys.argv[1:]]),
+              "model": p["model"], "topology": p["topology"], "chip": chip, "chips": chips,
+              "hbm_per_chip_gib": hbm / GiB, "peak_bf16_tflops": peak / 1e12,
+              "global_batch": p["batch"], "seq_len": p["seq"], "layout": {"fsdp": p["fsdp"], "ep": p["ep"]},
+              "precision": "f32 params + f32 AdamW moments, bf16 compute", "remat": "full",
+              "extrapolation": {"lo": n_lo, "hi": n_hi, "full": figs["layers"],
+                                "rule": "per_layer = (f_hi - f_lo) / (hi - lo); whole = f_lo + (L - lo) * per_layer"},
+              **figs, "model_flops_per_chip": figs["model_flops_per_step"] / chips,
+              "differences": layout_notes(p) + COMMON_DIFFERENCES, "sides": {}}
+    t_all = time.time()
+    for side in sides:
+        if side == "c2jax":
+            s = c2jax_side(p, compiles)
+        else:
+            s = maxtext_side(p, compiles, out_dir, stem, timeout)
+        report["sides"][side] = summarize(s, p, figs["layers"], peak, report["model_flops_per_chip"],
+                                          figs["kernel_flops_per_chip"])
+    report["wall_s"] = round(time.time() - t_all, 1)
+    report["goals"] = goals(report)
+    return report
+
+
+def goals(report: dict) -> dict:
+    c, m = report["sides"].get("c2jax", {}), report["sides"].get("maxtext", {})
+    out = {}
+    if "whole" in c and "whole" in m:
+        out["optimal_seconds_le_maxtext"] = c["whole"]["optimal_seconds"] <= m["whole"]["optimal_seconds"]
+    if "peak_hbm_gib" in c and "peak_hbm_gib" in m:
+        out["peak_hbm_le_maxtext"] = c["peak_hbm_gib"] <= m["peak_hbm_gib"]
+    if "optimal_seconds_plus_uncounted" in c and "optimal_seconds_plus_uncounted" in m:
+        out["optimal_seconds_plus_uncounted_kernels_le_maxtext"] = (c["optimal_seconds_plus_uncounted"]
+                                                                   <= m["optimal_seconds_plus_uncounted"])
+    return out
+
+
+def resummarize(path: str) -> dict:
+    """Recompute a written report's figures from its compiles (no compiling); rewrites JSON + md."""
+    with open(path) as f:
+        r = json.load(f)
+    p = point_spec(r["point"])
+    figs = model_figures(p)
+    r.update(figs)
+    r["model_flops_per_chip"] = figs["model_flops_per_step"] / r["chips"]
+    r["differences"] = layout_notes(p) + COMMON_DIFFERENCES
+    peak = r["peak_bf16_tflops"] * 1e12
+    for name, s in r["sides"].items():
+        s.setdefault("side", name)
+        r["sides"][name] = summarize(s, p, figs["layers"], peak, r["model_flops_per_chip"], figs["kernel_flops_per_chip"])
+    r["goals"] = goals(r)
+    with open(path, "w") as f:
+        json.dump(r, f, indent=1, default=str)
+    with open(path[:-5] + ".md", "w") as f:
+        f.write(markdown(r))
+    return r
+
+
+# ----------------------------------------------------------------------------- output
+
+def _f(x, fmt="{:.3g}"):
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else fmt.format(x)
+
+
+def markdown(r: dict) -> str:
+    lines = [f"# {r['point']}: {r['model']} on {r['topology']} ({r['chips']} x {r['chip']}), "
+             f"batch {r['global_batch']} x {r['seq_len']}, FSDP {r['layout']['fsdp']} x EP {r['layout']['ep']}",
+             "", f"{r['date']}; `{r['command']}`", "",
+             f"Model: {r['params_total'] / 1e9:.4g}B params, {r['params_active'] / 1e9:.4g}B active, "
+             f"{r['layers']} layers; model FLOPs {r['model_flops_per_step']:.3e} per step "
+             f"({r['model_flops_per_chip']:.3e} per chip, 6N + attention). {r['precision']}; remat {r['remat']}. "
+             f"Whole-step cost from unrolled {r['extrapolation']['lo']}- and {r['extrapolation']['hi']}-layer "
+             f"compiles: {r['extrapolation']['rule']}.", "",
+             "| side | peak HBM / chip GiB (args, temp, out) | HBM from | compiled TFLOPs / chip | bytes accessed / chip "
+             "GB | optimal_seconds | per layer: TFLOPs, GB, ms | implied MFU | kernels without cost estimate | "
+             "optimal_seconds + their FLOPs at peak (MFU) | Mosaic kernels (hi compile) | compile s (lo / hi / full) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, s in r["sides"].items():
+        if s.get("status", "").startswith("not run"):
+            lines.append(f"| {name} | {s['status']} | | | | | | | | | | |")
+            continue
+        h, w, pl = s.get("hbm", {}), s.get("whole", {}), s.get("per_layer", {})
+        hi = s["compiles"].get(f"L{r['extrapolation']['hi']}", {})
+        kern = ", ".join(f"{k} x{v}" for k, v in hi.get("mosaic_kernels", {}).items()) or "none"
+        times = " / ".join(_f((c.get("lower_s") or 0) + (c.get("compile_s") or 0), "{:.0f}")
+                           if c.get("compile_s") is not None else "-" for c in s["compiles"].values())
+        src = s.get("hbm_source", "-").split(" compiled")[0].split(" from")[0]
+        lines.append(
+            f"| {name} | {_f(s.get('peak_hbm_gib'), '{:.2f}')} ({_f(h.get('arguments_gib'), '{:.2f}')}, "
+            f"{_f(h.get('temp_gib'), '{:.2f}')}, {_f(h.get('outputs_gib'), '{:.2f}')}) | {src} | "
+            f"{_f(w.get('flops', float('nan')) / 1e12, '{:.1f}')} | "
+            f"{_f(w.get('bytes_accessed', float('nan')) / 1e9, '{:.1f}')} | {_f(w.get('optimal_seconds'), '{:.3f}')} | "
+            f"{_f(pl.get('flops', float('nan')) / 1e12, '{:.2f}')}, {_f(pl.get('bytes_accessed', float('nan')) / 1e9, '{:.1f}')}, "
+            f"{_f(pl.get('optimal_seconds', float('nan')) * 1e3, '{:.1f}')} | "
+            f"{_f(s.get('mfu_at_optimal_seconds'), '{:.1%}')} | "
+            f"{', '.join(s.get('uncounted_kernels', {}).get('families', [])) or 'none'} | "
+            f"{_f(s.get('optimal_seconds_plus_uncounted'), '{:.3f}')} "
+            f"({_f(s.get('mfu_at_optimal_plus_uncounted'), '{:.1%}')}) | {kern} | {times} |")
+        if s.get("status", "ok") != "ok":
+            lines.append(f"| | status: {s['status']} | | | | | | | | | | |")
+    g = r.get("goals", {})
+    if g:
+        lines += ["", "Goals: " + "; ".join(f"{k}: {'met' if v else 'NOT met'}" for k, v in g.items())]
+    kf = r.get("kernel_flops_per_chip")
+    if kf:
+        lines += ["", "XLA's cost analysis counts no FLOPs for a Mosaic kernel whose pallas_call carries no "
+                  "cost_estimate, so optimal_seconds leaves that kernel's work out. The column after it adds, "
+                  "at the chip's peak, the useful FLOPs of those kernels (per chip: attention "
+                  f"{kf['attention_per_layer'] / 1e12:.3f} TFLOPs per layer x {kf['layers']}, experts "
+                  f"{kf['experts_per_moe_layer'] / 1e12:.3f} TFLOPs per MoE layer x {kf['moe_layers']}; forward, "
+                  "rematerialized forward and backward, causal attention). It is a floor-based correction, not a "
+                  "measured time."]
+    lines += ["", "Differences between the two programs:"] + [f"- {d}" for d in r["differences"]]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--point", help="a named point (--list)")
+    ap.add_argument("--tiny", action="store_true", help="the tiny point (v5p:2x2x1; c2jax only unless --side)")
+    ap.add_argument("--list", action="store_true", help="list the points")
+    ap.add_argument("--side", choices=("both", "c2jax", "maxtext"), default=None,
+                    help="which programs to compile (default both; c2jax for --tiny)")
+    ap.add_argument("--no-full", action="store_true", help="skip the full-depth scanned compile (HBM extrapolated)")
+    ap.add_argument("--out-dir", default=DEFAULT_OUT)
+    ap.add_argument("--stem", default="", help="output file stem (default DATE_POINT)")
+    ap.add_argument("--maxtext-timeout", type=float, default=7200.0, help="seconds per MaxText compile")
+    ap.add_argument("--resummarize", nargs="+", metavar="JSON",
+                    help="recompute written reports' figures and tables from their compiles (no compiling)")
+    args = ap.parse_args(argv)
+    if args.resummarize:
+        for path in args.resummarize:
+            print(markdown(resummarize(path)), flush=True)
+        return 0
+    if args.list:
+        for k, v in POINTS.items():
+            print(f"{k}: {v}")
+        return 0
+    name = "tiny" if args.tiny else args.point
+    if not name:
+        ap.error("give --point NAME or --tiny")
+    p = point_spec(name)
+    side = args.side or ("c2jax" if name == "tiny" else "both")
+    sides = ["c2jax", "maxtext"] if side == "both" else [side]
+    report = run_point(p, sides, not args.no_full, args.out_dir, args.maxtext_timeout)
+    report["jax"], report["libtpu"] = _version("jax"), _version("libtpu")
+    stem = args.stem or f"{report['date'][:10]}_{name}"
+    os.makedirs(args.out_dir, exist_ok=True)
+    with open(os.path.join(args.out_dir, stem + ".json"), "w") as f:
+        json.dump(report, f, indent=1, default=str)
+    md = markdown(report)
+    with open(os.path.join(args.out_dir, stem + ".md"), "w") as f:
+        f.write(md)
+    print(md, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

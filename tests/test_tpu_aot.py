@@ -1,0 +1,100 @@
+"""experiments/bench/tpu_aot.py's tiny point, c2jax side: the real train step of a 4-layer toy
+Qwen3-MoE (FSDP 2 x EP 2 on v5p:2x2x1) compiled ahead of time for TPU from this CPU machine,
+2- and 4-layer unrolled and full-depth scanned, through the same code path as the pod points;
+the JSON report holds positive compiler figures, the per-layer extrapolation's arithmetic, the
+Mosaic kernels of each program, and the MaxText side is never a crash."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "experiments", "bench", "tpu_aot.py")
+
+
+def _have_topology() -> bool:
+    code = ("import os; os.environ['ALLOW_MULTIPLE_LIBTPU_LOAD']='1'\n"
+            "from jax.experimental import topologies\n"
+            "topologies.get_topology_desc(platform='tpu', topology_name='v5p:2x2x1')")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120).returncode == 0
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    if not _have_topology():
+        pytest.skip("libtpu cannot give a v5p topology here")
+    out = tmp_path_factory.mktemp("aot")
+    env = dict(os.environ, JAX_PLATFORMS="cpu", ALLOW_MULTIPLE_LIBTPU_LOAD="1")
+    env.pop("XLA_FLAGS", None)
+    proc = subprocess.run([sys.executable, SCRIPT, "--tiny", "--out-dir", str(out), "--stem", "tiny"],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with open(out / "tiny.json") as f:
+        r = json.load(f)
+    r["_md"] = (out / "tiny.md").read_text()
+    return r
+
+
+def test_point_fields(report):
+    assert report["point"] == "tiny" and report["topology"] == "v5p:2x2x1" and report["chips"] == 4
+    assert report["model_flops_per_step"] > 0 and report["model_flops_per_chip"] > 0
+    assert report["params_active"] <= report["params_total"]
+    assert set(report["sides"]) == {"c2jax"}
+    assert "| c2jax |" in report["_md"]
+
+
+def test_compiles_have_positive_figures_and_kernels(report):
+    c = report["sides"]["c2jax"]
+    assert c["status"] == "ok"
+    assert set(c["compiles"]) == {"L2", "L4", "full"}
+    for key, comp in c["compiles"].items():
+        assert comp["status"] == "ok", key
+        for k in ("flops", "bytes_accessed", "optimal_seconds"):
+            assert comp["cost"][k] > 0, (key, k)
+        for k in ("arguments_gib", "temp_gib", "outputs_gib", "peak_gib"):
+            assert comp["memory"][k] > 0, (key, k)
+        assert comp["compile_s"] > 0 and comp["lower_s"] > 0
+        # the Mosaic kernels c2jax chooses for TPU: grouped matmuls and flash attention
+        assert isinstance(comp["mosaic_kernels"], dict) and comp["mosaic_kernels"], key
+        assert any("gmm" in k for k in comp["mosaic_kernels"]), comp["mosaic_kernels"]
+    assert not c["compiles"]["L2"]["scan"] and c["compiles"]["full"]["scan"]
+    # two more unrolled layers hold twice as many kernel calls per layer
+    k2, k4 = (sum(c["compiles"][k]["mosaic_kernels"].values()) for k in ("L2", "L4"))
+    assert k4 > k2
+
+
+def test_extrapolation_arithmetic(report):
+    c = report["sides"]["c2jax"]
+    lo, hi = c["compiles"]["L2"]["cost"], c["compiles"]["L4"]["cost"]
+    n = report["layers"]
+    assert n == 4 and report["extrapolation"]["lo"] == 2 and report["extrapolation"]["hi"] == 4
+    for k in ("flops", "bytes_accessed", "optimal_seconds"):
+        per = (hi[k] - lo[k]) / 2
+        assert c["per_layer"][k] == pytest.approx(per)
+        assert c["whole"][k] == pytest.approx(lo[k] + (n - 2) * per)
+        assert c["per_layer"][k] > 0
+    mfu = report["model_flops_per_chip"] / (c["whole"]["optimal_seconds"] * report["peak_bf16_tflops"] * 1e12)
+    assert c["mfu_at_optimal_seconds"] == pytest.approx(mfu) and c["mfu_at_optimal_seconds"] > 0
+    assert c["peak_hbm_gib"] == c["compiles"]["full"]["memory"]["peak_gib"] > 0
+    assert "scanned" in c["hbm_source"]
+
+
+def test_missing_maxtext_venv_is_recorded_not_raised(monkeypatch, tmp_path):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("tpu_aot", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.setattr(mod, "MAXTEXT_PY", str(tmp_path / "no-venv" / "python"))
+    p = mod.point_spec("tiny")
+    side = mod.maxtext_side(p, [("L2", 2, True)], str(tmp_path), "x", 10)
+    assert side["status"] == "not run: .venv-maxtext missing (experiments/reference/setup_maxtext_env.sh creates it)"
+    side = mod.summarize(side, p, 4, 459e12, 1e12)
+    assert side["status"].startswith("not run")
+    # MaxText's overrides state the same batch, sequence, precision, remat and mesh as c2jax's config
+    ov = dict(o.split("=", 1) for o in mod.maxtext_overrides(p, 2, True))
+    assert ov["per_device_batch_size"] == "2" and ov["max_target_length"] == "256"
+    assert ov["ici_fsdp_parallelism"] == "2" and ov["ici_expert_parallelism"] == "2"
+    assert (ov["remat_policy"], ov["weight_dtype"], ov["dtype"], ov["scan_layers"]) == (
+        "full", "float32", "bfloat16", "false")
