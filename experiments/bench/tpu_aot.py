@@ -90,6 +90,9 @@ def layout(fsdp: int, ep: int) -> dict:
 
 POINTS = {
     "qwen3_30b_a3b-fsdp64": dict(model="qwen3_30b_a3b", topology="v5p:4x4x4", fsdp=64, ep=1, batch=64, seq=4096),
+    # the same, with c2jax's option of the output head + loss in 8 rematerialized sequence chunks
+    "qwen3_30b_a3b-fsdp64-head_chunks8": dict(model="qwen3_30b_a3b", topology="v5p:4x4x4", fsdp=64, ep=1, batch=64,
+                                              seq=4096, c2jax_extra={"head_chunks": 8}),
     "qwen3_30b_a3b-fsdp8_ep8": dict(model="qwen3_30b_a3b", topology="v5p:4x4x4", fsdp=8, ep=8, batch=64, seq=4096),
     # v5p-512 (256 chips): 671B x 16 B of f32 state + grads = 10.7 TB, 42 GB per chip
     "deepseek_v3_671b-fsdp32_ep8": dict(model="deepseek_v3_671b", topology="v5p:4x8x8", fsdp=32, ep=8, batch=256,
@@ -139,13 +142,21 @@ def c2jax_config(p: dict, layers: int | None, unrolled: bool):
     for k, v in spec["c2jax_model"].items():
         with cfg.model.ignore_type():
             cfg.model[k] = v
+    for k, v in p.get("c2jax_extra", {}).items():
+        cfg.model[k] = v
     m = cfg.model
     m.dtype, m.param_dtype, m.remat, m.moe_dispatch = "bfloat16", "float32", "full", "dropless"
     if layers is not None:
         m.num_layers = layers
     m.scan_unroll = m.num_layers if unrolled else 1
     cfg.mesh.shape = tuple(p["c2jax_mesh"])
-    cfg.mesh.rules = tuple((n, p["c2jax_rules"].get(n, t)) for n, t in cfg.mesh.rules)
+    rules = dict(p["c2jax_rules"])
+    if m.attention == "mla":
+        # MLA's up-projections q_b_proj [q_lora, heads] and kv_b_proj [kv_lora, heads] have no embed
+        # dim: shard them (and o_proj) by heads over the embed axes, as configs/pods/kimi_k2_1t.py
+        # does; MaxText shards the same weights by their q_lora / kv_lora dim over the same axes
+        rules["heads"] = rules["embed"]
+    cfg.mesh.rules = tuple((n, rules.get(n, t)) for n, t in cfg.mesh.rules)
     cfg.mesh.ep_capacity_factor = 2.0
     cfg.train.batch_size, cfg.train.seq_len, cfg.train.grad_accum = p["batch"], p["seq"], 1
     return cfg
@@ -369,6 +380,18 @@ def summarize(side: dict, p: dict, n_full: int, peak: float, model_flops_per_chi
     return side
 
 
+def git_state() -> dict:
+    """HEAD and whether the model code (c2jax/, pallas_kernels/, configs/) differs from it, when
+    the run starts (c2jax is imported from the working tree)."""
+    def git(*a):
+        try:
+            return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True, timeout=30).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+    return {"c2jax_commit": git("rev-parse", "HEAD") or None,
+            "c2jax_tree_dirty": bool(git("status", "--porcelain", "--", "c2jax", "pallas_kernels", "configs"))}
+
+
 def _version(pkg):
     try:
         return importlib.metadata.version(pkg)
@@ -397,8 +420,16 @@ def layout_notes(p: dict) -> list[str]:
         notes.append(f"FSDP {p['fsdp']} x EP {p['ep']}: dense weights' embed over fsdp x expert (both sides), "
                      "experts over expert and their embed dim over fsdp (both sides), batch over fsdp x expert "
                      "(both sides). The EP exchange differs (fixed capacity vs ragged, above).")
+    if p["model"] in ("deepseek_v3_671b", "kimi_k2_1t"):
+        notes.append("MLA up-projections (q_b_proj, kv_b_proj; no embed dim): c2jax shards them by heads over "
+                     "the embed axes (mesh rule heads -> embed's axes, as configs/pods/kimi_k2_1t.py), MaxText by "
+                     "their q_lora / kv_lora dim over the same axes: the same bytes per chip, split along another "
+                     "dim. c2jax's aux-loss-free router bias update (model.bias_update_rate 1e-3) is on; MaxText's "
+                     "routed_bias_update_rate is 0 (an elementwise update of a [E] vector per layer).")
     if MODELS[p["model"]]["c2jax_model"].get("num_mtp_layers") == 0:
         notes.append("c2jax's model.num_mtp_layers set to 0 (MaxText's config has mtp_num_layers 0).")
+    if p.get("c2jax_extra"):
+        notes.append(f"c2jax model options beyond the defaults: {p['c2jax_extra']}.")
     if p["model"] == "tiny":
         notes.append("tiny: a toy Qwen3-MoE shape; MaxText's side (if run) is qwen3-30b-a3b overridden to "
                      "the same dims.")
@@ -425,7 +456,7 @@ def run_point(p: dict, sides: list[str], full: bool, out_dir: str, timeout: floa
               "extrapolation": {"lo": n_lo, "hi": n_hi, "full": figs["layers"],
                                 "rule": "per_layer = (f_hi - f_lo) / (hi - lo); whole = f_lo + (L - lo) * per_layer"},
               **figs, "model_flops_per_chip": figs["model_flops_per_step"] / chips,
-              "differences": layout_notes(p) + COMMON_DIFFERENCES, "sides": {}}
+              "differences": layout_notes(p) + COMMON_DIFFERENCES, **git_state(), "sides": {}}
     t_all = time.time()
     for side in sides:
         if side == "c2jax":
@@ -531,6 +562,31 @@ def markdown(r: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def summary_table(paths) -> str:
+    """One row per point and side, from written reports."""
+    rows = ["| point | side | peak HBM / chip GiB (args + temp) | compiled TFLOPs / chip | bytes accessed / chip GB | "
+            "optimal_seconds (MFU) | + uncounted kernel FLOPs at peak (MFU) | kernels without cost estimate | "
+            "compile s (lo / hi / full) |", "|---|---|---|---|---|---|---|---|---|"]
+    for path in paths:
+        with open(path) as f:
+            r = json.load(f)
+        for name, s in r["sides"].items():
+            if s.get("status", "").startswith("not run"):
+                rows.append(f"| {r['point']} | {name} | {s['status']} | | | | | | |")
+                continue
+            h, w = s.get("hbm", {}), s.get("whole", {})
+            times = " / ".join(_f((c.get("lower_s") or 0) + (c.get("compile_s") or 0), "{:.0f}")
+                               for c in s["compiles"].values())
+            rows.append(
+                f"| {r['point']} | {name} | {_f(s.get('peak_hbm_gib'), '{:.2f}')} ({_f(h.get('arguments_gib'), '{:.2f}')} + "
+                f"{_f(h.get('temp_gib'), '{:.2f}')}) | {_f(w.get('flops', float('nan')) / 1e12, '{:.0f}')} | "
+                f"{_f(w.get('bytes_accessed', float('nan')) / 1e9, '{:.0f}')} | {_f(w.get('optimal_seconds'), '{:.3f}')} "
+                f"({_f(s.get('mfu_at_optimal_seconds'), '{:.1%}')}) | {_f(s.get('optimal_seconds_plus_uncounted'), '{:.3f}')} "
+                f"({_f(s.get('mfu_at_optimal_plus_uncounted'), '{:.1%}')}) | "
+                f"{', '.join(s.get('uncounted_kernels', {}).get('families', [])) or 'none'} | {times} |")
+    return "\n".join(rows) + "\n"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--point", help="a named point (--list)")
@@ -544,7 +600,11 @@ def main(argv=None) -> int:
     ap.add_argument("--maxtext-timeout", type=float, default=7200.0, help="seconds per MaxText compile")
     ap.add_argument("--resummarize", nargs="+", metavar="JSON",
                     help="recompute written reports' figures and tables from their compiles (no compiling)")
+    ap.add_argument("--table", nargs="+", metavar="JSON", help="print one summary row per point and side")
     args = ap.parse_args(argv)
+    if args.table:
+        print(summary_table(args.table), end="")
+        return 0
     if args.resummarize:
         for path in args.resummarize:
             print(markdown(resummarize(path)), flush=True)
