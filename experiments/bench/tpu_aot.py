@@ -24,7 +24,12 @@ both train; `hbm_source` says so), unless --no-full, when it is extrapolated the
 the unrolled compiles (`hbm_source` says that too). Model FLOPs = 6 * N_active * tokens +
 causal attention FLOPs (c2jax.models.flops_per_token, the same figure for both sides); implied
 MFU = model FLOPs per chip / (whole optimal_seconds * the chip's peak bf16 FLOP/s). Kernels:
-`tpu_custom_call` sites per Mosaic kernel name in each lowered program.
+`tpu_custom_call` sites per Mosaic kernel name in each lowered program, and those whose
+pallas_call sets no cost_estimate: XLA counts no FLOPs for them, so `optimal_seconds_plus_uncounted`
+adds their useful FLOPs (kernel_flops) at the chip's peak.
+
+    .venv/bin/python experiments/bench/tpu_aot.py --resummarize OUT_DIR/*.json   # refigure, no compiling
+    .venv/bin/python experiments/bench/tpu_aot.py --table OUT_DIR/*.json         # one row per point and side
 
 Outputs: OUT_DIR/DATE_POINT.json and OUT_DIR/DATE_POINT.md (one table per run).
 """
