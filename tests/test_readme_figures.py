@@ -122,3 +122,23 @@ def test_demo_figures_are_in_the_demo_report():
         elapsed = re.search(r"Elapsed .*: (\d+):(\d+)", f.read())
     m = re.search(r"(\d+) min (\d+) s in all", section)
     assert elapsed and m and elapsed.groups() == (m.group(1), m.group(2)), "the demo's total time is not its artifact's"
+
+
+TPU_AOT_DIR = "experiments/results/tpu_aot"
+TPU_AOT_COLUMNS = ("c2jax HBM / chip", "MaxText HBM / chip", "c2jax step (s)", "MaxText step (s)")
+
+
+def test_maxtext_side_by_side_figures_are_in_the_tpu_aot_reports():
+    """The pod section's MaxText table: every HBM and step-time figure is in a committed report."""
+    with open(README) as f:
+        section = f.read().split("### Side by side with MaxText", 1)[1].split("\n### ", 1)[0]
+    lines = [ln for ln in section.splitlines() if ln.startswith("|")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    rows = [dict(zip(header, (c.strip() for c in ln.strip().strip("|").split("|")))) for ln in lines[2:]]
+    assert len(rows) >= 4 and all(c in header for c in TPU_AOT_COLUMNS)
+    d = os.path.join(ROOT, TPU_AOT_DIR)
+    candidates = [x for name in sorted(os.listdir(d)) if name.endswith(".json")
+                  for x in _artifact_numbers(os.path.join(d, name))]
+    missing = [f"{r['point']}: {fig}" for r in rows for col in TPU_AOT_COLUMNS
+               for fig in numbers(r[col].split("with")[0] if col.endswith("chip") else r[col]) if not matches(fig, candidates)]
+    assert not missing, f"figures not in {TPU_AOT_DIR}/*.json: {missing}"
