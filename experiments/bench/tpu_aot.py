@@ -57,7 +57,7 @@ DRIVER = os.path.join(ROOT, "experiments", "reference", "maxtext_aot_driver.py")
 DEFAULT_OUT = os.path.join(ROOT, "experiments", "results", "tpu_aot")
 GiB = 1024 ** 3
 sys.path.insert(0, os.path.dirname(DRIVER))
-from maxtext_aot_driver import kernels_without_cost_estimate  # noqa: E402  (no MaxText import)
+from maxtext_aot_driver import cost as _cost, kernels_without_cost_estimate  # noqa: E402  (no MaxText import)
 
 # ----------------------------------------------------------------------------- points
 # model: c2jax config file (plus model overrides) and MaxText's model_name (plus overrides)
@@ -165,16 +165,6 @@ def c2jax_config(p: dict, layers: int | None, unrolled: bool):
     cfg.mesh.ep_capacity_factor = 2.0
     cfg.train.batch_size, cfg.train.seq_len, cfg.train.grad_accum = p["batch"], p["seq"], 1
     return cfg
-
-
-def _cost(compiled) -> dict:
-    c = compiled.cost_analysis()
-    if isinstance(c, (list, tuple)):
-        c = c[0]
-    c = c or {}
-    return {"flops": float(c.get("flops", 0.0)), "bytes_accessed": float(c.get("bytes accessed", 0.0)),
-            "optimal_seconds": float(c.get("optimal_seconds", 0.0)),
-            "transcendentals": float(c.get("transcendentals", 0.0))}
 
 
 def c2jax_compile(p: dict, layers: int | None, unrolled: bool, devices) -> dict:
