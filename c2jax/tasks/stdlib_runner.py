@@ -37,7 +37,7 @@ RESULT_PREFIX = "C2JAX_RESULT "
 
 RUNNER_SOURCE = r'''
 import _hashlib, builtins, hashlib, hmac, importlib.abc, importlib.util, io, json, os, re, sys, types, unittest
-import contextlib, traceback
+import contextlib, shutil, tempfile, traceback
 
 
 def main():
@@ -64,12 +64,21 @@ def main():
 
     # bound now, before any task code runs: what signs and writes the record
     dumps, hmac_digest, write, exit_now = json.dumps, _hashlib.hmac_digest, os.write, os._exit
+    rmtree = shutil.rmtree
+    try:  # tests may write scratch files into the cwd: a fresh temp dir, removed before exiting
+        scratch = tempfile.mkdtemp(prefix="c2jax_tests_")
+        os.chdir(scratch)
+    except OSError:
+        scratch = None
 
     def emit(tests, violations, shadow_ok):
         body = dumps({"run": run_id, "complete": True, "tests": tests, "checks": {},
                       "violations": violations[:20], "shadow_ok": shadow_ok}, sort_keys=True)
         mac = hmac_digest(key, body.encode(), "sha256").hex()
         data = ("C2JAX_RESULT " + mac + " " + body + "\n").encode()
+        if scratch:
+            os.chdir(root)
+            rmtree(scratch, ignore_errors=True)
         while data:
             data = data[write(result_fd, data):]
         exit_now(0)
@@ -148,12 +157,6 @@ def main():
     for name in list(sys.modules):
         if name == mod_name or name.startswith(mod_name + "."):
             del sys.modules[name]
-    scratch = os.path.join(os.environ.get("TMPDIR", "/tmp"), "c2jax_tests_" + run_id[:12])
-    try:  # tests may write scratch files into the cwd
-        os.makedirs(scratch, exist_ok=True)
-        os.chdir(scratch)
-    except OSError:
-        pass
 
     class Result(unittest.TestResult):
         def __init__(self):
