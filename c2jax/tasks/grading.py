@@ -57,12 +57,11 @@ def stdlib_shadows(files: dict[str, str], hidden_tests: dict[str, str]) -> list[
     return sorted(tops & imported & set(sys.stdlib_module_names))
 
 
-def verify_result(stdout: str, key: bytes, run_id: str, expected: list[str] | None,
-                  allow_any_ids: bool = False) -> dict[str, Any]:
+def verify_result(stdout: str, key: bytes, run_id: str, expected: list[str] | None) -> dict[str, Any]:
     """Checks the runner's signed record: {"passed", "score", "tests", "checks", "problem", ...}.
 
-    A record that lists guard violations (c2jax.tasks.stdlib_runner) never passes. With
-    allow_any_ids (test discovery, trusted code only) the reported ids are taken as expected."""
+    A record that lists guard violations (c2jax.tasks.stdlib_runner) never passes. expected None
+    (test discovery, trusted code only): the reported ids are taken as expected."""
     record = None
     for line in (stdout or "").splitlines():
         if not line.startswith(hidden_runner.RESULT_PREFIX):
@@ -95,7 +94,7 @@ def verify_result(stdout: str, key: bytes, run_id: str, expected: list[str] | No
     violations = [str(v) for v in (record.get("violations") or [])]
     out.update(tests=tests, checks=checks, errors=errors, raw=raw, violations=violations,
                shadow_ok=record.get("shadow_ok", True) is True)
-    if allow_any_ids or expected is None:
+    if expected is None:
         expected = sorted(tests)
     if violations:
         out["problem"] = "the code under test tripped the grader's guard: " + "; ".join(violations[:5])
@@ -114,18 +113,24 @@ def verify_result(stdout: str, key: bytes, run_id: str, expected: list[str] | No
     return out
 
 
-def run_hidden_runner(hidden_tests: dict[str, str], workspace_path: Path, run, timeout_s: float) -> dict[str, Any]:
-    """Runs `hidden_tests` in the task tree with the harness runner; returns verify_result's dict
-    plus the run's returncode / timed_out / output tails."""
-    expected = expected_test_ids(hidden_tests)
+def run_signed_runner(argv: list[str], payload: dict, workspace_path: Path, run, timeout_s: float,
+                      expected: list[str] | None) -> dict[str, Any]:
+    """Starts a runner that reads `payload` plus a fresh key and run id on stdin and answers with
+    one signed record; returns verify_result's dict plus the run's returncode / timed_out /
+    stderr tail (a timed-out run never passes)."""
     key, run_id = secrets.token_bytes(32), secrets.token_hex(16)
-    payload = json.dumps({"key": key.hex(), "run": run_id, "tests": dict(hidden_tests),
-                          "timeout_s": max(1.0, float(timeout_s) - 2.0)})
-    argv = [*RUNNER_ARGV_PREFIX, runner_source(), "run"]
-    r = run(argv, Path(workspace_path), timeout_s, stdin=payload)
+    stdin = json.dumps({"key": key.hex(), "run": run_id, **payload})
+    r = run(argv, Path(workspace_path), timeout_s, stdin=stdin)
     out = verify_result(r.stdout or "", key, run_id, expected)
     out.update(returncode=r.returncode, timed_out=bool(getattr(r, "timed_out", False)),
                stderr_tail=(r.stderr or "")[-2000:])
     if out["timed_out"]:
         out["passed"], out["score"] = False, min(out["score"], 0.99)
     return out
+
+
+def run_hidden_runner(hidden_tests: dict[str, str], workspace_path: Path, run, timeout_s: float) -> dict[str, Any]:
+    """Runs `hidden_tests` in the task tree with the harness runner; returns run_signed_runner's dict."""
+    payload = {"tests": dict(hidden_tests), "timeout_s": max(1.0, float(timeout_s) - 2.0)}
+    return run_signed_runner([*RUNNER_ARGV_PREFIX, runner_source(), "run"], payload, workspace_path, run,
+                             timeout_s, expected_test_ids(hidden_tests))

@@ -28,7 +28,6 @@ import hashlib
 import json
 import os
 import random
-import secrets
 import sys
 import sysconfig
 import tempfile
@@ -38,6 +37,7 @@ from pathlib import Path
 
 from c2jax.tasks.base import HIDDEN_DIR, Grade, Task, local_run, minimal_edit, stable_hash
 from c2jax.tasks.containment import containment_violations, runtime_allowances
+from c2jax.tasks.grading import run_signed_runner
 from c2jax.tasks.stdlib_runner import RUNNER_SOURCE
 
 TRAIN_MODULES = ("textwrap", "fnmatch", "shlex", "heapq", "string", "base64", "graphlib",
@@ -234,20 +234,10 @@ def run_payload(module: str, test_src: str, select, allow_from: list[str]) -> di
 
 def run_stdlib_runner(payload: dict, workspace_path: Path, run, timeout_s: float,
                       expected: list[str] | None) -> dict:
-    """Runs the stdlib runner in `workspace_path`; returns grading.verify_result's dict with
-    per-test outcomes, error lines, violations and the run's returncode / timed_out.
-
-    expected None (discovery): the ids of whatever the runner reports are accepted."""
-    from c2jax.tasks.grading import verify_result
-    key, run_id = secrets.token_bytes(32), secrets.token_hex(16)
-    stdin = json.dumps({"key": key.hex(), "run": run_id, **payload})
-    r = run(["python3", "-I", "-S", "-c", RUNNER_SOURCE], Path(workspace_path), timeout_s, stdin=stdin)
-    out = verify_result(r.stdout or "", key, run_id, expected, allow_any_ids=expected is None)
-    out.update(returncode=r.returncode, timed_out=bool(getattr(r, "timed_out", False)),
-               stderr_tail=(r.stderr or "")[-2000:])
-    if out["timed_out"]:
-        out["passed"], out["score"] = False, min(out["score"], 0.99)
-    return out
+    """Runs the stdlib runner in `workspace_path` (grading.run_signed_runner's dict, with per-test
+    raw outcomes, error lines, guard violations and shadow_ok). expected None: discovery."""
+    return run_signed_runner(["python3", "-I", "-S", "-c", RUNNER_SOURCE], payload, workspace_path, run,
+                             timeout_s, expected)
 
 
 def run_test_file(module: str, module_src: str, test_src: str, select=None, run=local_run,
