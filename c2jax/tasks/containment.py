@@ -11,6 +11,7 @@ c2jax.tasks.stdlib_runner.
 from __future__ import annotations
 
 import ast
+import functools
 from collections import Counter
 
 # Builtins that reach code objects, frames, namespaces or the import system.
@@ -28,25 +29,45 @@ INTROSPECTION_ATTRS = frozenset({
 })
 
 
-def _uses(source: str) -> Counter:
-    tree = ast.parse(source)
+@functools.lru_cache(maxsize=64)
+def _profile(source: str) -> tuple[Counter, frozenset, frozenset, frozenset]:
+    """One pass over `source`'s AST (cached: the originals are read at every grading):
+    (counted uses, top-level modules imported, attribute names, names)."""
     uses: Counter = Counter()
-    for node in ast.walk(tree):
+    imports, attrs, names = set(), set(), set()
+    for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
-            uses.update("import " + a.name.split(".")[0] for a in node.names)
+            tops = [a.name.split(".")[0] for a in node.names]
+            uses.update("import " + t for t in tops)
+            imports.update(tops)
         elif isinstance(node, ast.ImportFrom):
             uses["import " + ("." * node.level) + (node.module or "").split(".")[0]] += 1
             uses.update("from-import " + a.name for a in node.names)
+            if node.level == 0 and node.module:
+                imports.add(node.module.split(".")[0])
         elif isinstance(node, ast.Attribute):
+            attrs.add(node.attr)
             if (node.attr.startswith("__") and node.attr.endswith("__")) or node.attr in INTROSPECTION_ATTRS:
                 uses["attribute ." + node.attr] += 1
-        elif isinstance(node, ast.Name) and node.id in REFLECTIVE_NAMES:
-            uses["name " + node.id] += 1
+        elif isinstance(node, ast.Name):
+            names.add(node.id)
+            if node.id in REFLECTIVE_NAMES:
+                uses["name " + node.id] += 1
         elif isinstance(node, ast.Global | ast.Nonlocal):
             uses.update("global " + n for n in node.names)
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and "__" in node.value:
             uses["dunder string"] += 1
-    return uses
+    return uses, frozenset(imports), frozenset(attrs), frozenset(names)
+
+
+def _profiles(sources: list[str]) -> list[tuple]:
+    out = []
+    for src in sources:
+        try:
+            out.append(_profile(src))
+        except (SyntaxError, ValueError, RecursionError):
+            continue
+    return out
 
 
 def containment_violations(submitted: str, originals: list[str]) -> list[str]:
@@ -56,37 +77,21 @@ def containment_violations(submitted: str, originals: list[str]) -> list[str]:
     not valid Python is reported as such (the tests would fail on it anyway).
     """
     try:
-        got = _uses(submitted)
+        got = _profile(submitted)[0]
     except (SyntaxError, ValueError, RecursionError) as e:
         return [f"not valid Python: {type(e).__name__}"]
     allowed: Counter = Counter()
-    for src in originals:
-        try:
-            allowed |= _uses(src)
-        except (SyntaxError, ValueError, RecursionError):
-            continue
+    for p in _profiles(originals):
+        allowed |= p[0]
     return [f"{k}: {n} > {allowed[k]}" for k, n in sorted(got.items()) if n > allowed[k]]
 
 
 def runtime_allowances(originals: list[str]) -> dict[str, list[str]]:
     """What the run-time guard lets the module do because the original does it too."""
-    imports: set[str] = set()
-    attrs: set[str] = set()
-    names: set[str] = set()
-    for src in originals:
-        try:
-            tree = ast.parse(src)
-        except SyntaxError:
-            continue
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                imports.update(a.name.split(".")[0] for a in node.names)
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                imports.add(node.module.split(".")[0])
-            elif isinstance(node, ast.Attribute):
-                attrs.add(node.attr)
-            elif isinstance(node, ast.Name):
-                names.add(node.id)
+    profiles = _profiles(originals)
+    imports = set().union(*(p[1] for p in profiles))
+    attrs = set().union(*(p[2] for p in profiles))
+    names = set().union(*(p[3] for p in profiles))
     events: set[str] = set()
     if "open" in names:
         events.add("open")

@@ -33,11 +33,9 @@ regression attacks (tests/tasks/test_stdlib_grading.py) pin what is covered.
 """
 from __future__ import annotations
 
-RESULT_PREFIX = "C2JAX_RESULT "
-
 RUNNER_SOURCE = r'''
-import _hashlib, builtins, hashlib, hmac, importlib.abc, importlib.util, io, json, os, re, sys, types, unittest
-import contextlib, shutil, tempfile, traceback
+import _hashlib, builtins, contextlib, importlib.abc, importlib.util, io, json, os, re, shutil, sys, tempfile
+import types, unittest
 
 
 def main():
