@@ -124,6 +124,11 @@ COMMON_DIFFERENCES = [
 ]
 
 
+def chips_of(topology: str) -> int:
+    """Chips in a "<chip>:AxBxC" topology."""
+    return math.prod(int(x) for x in topology.split(":")[1].split("x"))
+
+
 def point_spec(name: str) -> dict:
     if name not in POINTS:
         raise SystemExit(f"unknown point {name!r}; --list shows them")
@@ -219,7 +224,7 @@ def c2jax_side(p: dict, compiles: list[tuple[str, int | None, bool]]) -> dict:
 
 def maxtext_overrides(p: dict, layers: int | None, unrolled: bool) -> list[str]:
     spec = MODELS[p["model"]]
-    chips = math.prod(int(x) for x in p["topology"].split(":")[1].split("x"))
+    chips = chips_of(p["topology"])
     if p["batch"] % chips:
         raise SystemExit(f"{p['name']}: MaxText's per_device_batch_size needs batch {p['batch']} divisible by {chips}")
     ov = {"model_name": spec["maxtext"], "override_model_config": "true",
@@ -400,7 +405,7 @@ def model_figures(p: dict) -> dict:
     counts = param_count(cfg)
     tokens = p["batch"] * p["seq"]
     f = flops_per_token(cfg, p["seq"]) * tokens
-    chips = math.prod(int(x) for x in p["topology"].split(":")[1].split("x"))
+    chips = chips_of(p["topology"])
     return {"layers": cfg.model.num_layers, "params_total": counts["total"], "params_active": counts["active"],
             "tokens_per_step": tokens, "model_flops_per_step": f, "kernel_flops_per_chip": kernel_flops(cfg, p, chips)}
 
@@ -434,7 +439,7 @@ def layout_notes(p: dict) -> list[str]:
 def run_point(p: dict, sides: list[str], full: bool, out_dir: str, timeout: float) -> dict:
     from c2jax.parallel import compile_check as cc
     chip, hbm, peak = cc.chip_spec(p["topology"])
-    chips = math.prod(int(x) for x in p["topology"].split(":")[1].split("x"))
+    chips = chips_of(p["topology"])
     figs = model_figures(p)
     n_lo, n_hi = p["layers"]
     compiles = [(f"L{n_lo}", n_lo, True), (f"L{n_hi}", n_hi, True)]
