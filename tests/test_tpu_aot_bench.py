@@ -59,6 +59,10 @@ def test_compiles_have_positive_figures_and_kernels(report):
         # the Mosaic kernels c2jax chooses for TPU: grouped matmuls and flash attention
         assert isinstance(comp["mosaic_kernels"], dict) and comp["mosaic_kernels"], key
         assert any("gmm" in k for k in comp["mosaic_kernels"]), comp["mosaic_kernels"]
+        # every kernel hands XLA a cost estimate, so the program's FLOPs and optimal_seconds count it
+        assert comp["kernels_without_cost_estimate"] == {}, key
+    assert c["uncounted_kernels"]["families"] == []
+    assert c["optimal_seconds_plus_uncounted"] == c["whole"]["optimal_seconds"]
     assert not c["compiles"]["L2"]["scan"] and c["compiles"]["full"]["scan"]
     # two more unrolled layers hold twice as many kernel calls per layer
     k2, k4 = (sum(c["compiles"][k]["mosaic_kernels"].values()) for k in ("L2", "L4"))
@@ -98,3 +102,33 @@ def test_missing_maxtext_venv_is_recorded_not_raised(monkeypatch, tmp_path):
     assert ov["ici_fsdp_parallelism"] == "2" and ov["ici_expert_parallelism"] == "2"
     assert (ov["remat_policy"], ov["weight_dtype"], ov["dtype"], ov["scan_layers"]) == (
         "full", "float32", "bfloat16", "false")
+
+
+def _module():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("tpu_aot", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_maxtext_side_reused_only_from_the_same_programs(tmp_path):
+    mod = _module()
+    p = mod.point_spec("tiny")
+    old = {"point": "tiny", "date": "2026-01-01 00:00 UTC", "command": "x", "model": p["model"],
+           "topology": p["topology"], "global_batch": p["batch"], "seq_len": p["seq"],
+           "layout": {"fsdp": p["fsdp"], "ep": p["ep"]},
+           "sides": {"maxtext": {"side": "maxtext", "status": "ok", "peak_hbm_gib": 1.5}}}
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(old))
+    side = mod.reused_maxtext_side(str(path), p)
+    assert side["peak_hbm_gib"] == 1.5 and "compiled 2026-01-01 00:00 UTC" in side["note"]
+    old["seq_len"] = p["seq"] * 2
+    path.write_text(json.dumps(old))
+    with pytest.raises(SystemExit, match="not the same MaxText programs"):
+        mod.reused_maxtext_side(str(path), p)
+    old["seq_len"] = p["seq"]
+    old["sides"]["maxtext"]["status"] = "incomplete"
+    path.write_text(json.dumps(old))
+    with pytest.raises(SystemExit, match="no complete MaxText side"):
+        mod.reused_maxtext_side(str(path), p)

@@ -30,7 +30,8 @@ def grouped_matmul(quant: str, impl: str):
     import pallas_kernels
 
     def gmm(lhs, rhs, gs):
-        return pallas_kernels.gmm(lhs, rhs, gs.astype(jnp.int32), quant=quant, impl=impl).astype(lhs.dtype)
+        return pallas_kernels.gmm(lhs, rhs, gs.astype(jnp.int32), quant=quant, impl=impl,
+                                  preferred_element_type=lhs.dtype)
     return gmm
 
 
@@ -42,15 +43,23 @@ def sort_assignments(ids_TK, num_experts):
     return order_A, group_sizes_E
 
 
+def inverse_permutation(order_A):
+    """inv with inv[order[a]] = a (one int32 scatter of [A], not a sort)."""
+    A = order_A.shape[0]
+    return jnp.zeros((A,), jnp.int32).at[order_A].set(jnp.arange(A, dtype=jnp.int32))
+
+
 def grouped_dispatch(x_TD, ids_TK, weights_TK, w_gate, w_up, w_down, quant="none", gmm=None):
-    """Dropless: sort assignments by expert, grouped matmuls, unsort, weighted sum over k."""
+    """Dropless: sort assignments by expert, grouped matmuls, unsort, weighted sum over k. The
+    sort and unsort are gathers in both directions (rows_of_tokens, combine_rows): no scatter
+    and no f32 [T*K, D] buffer in the forward or backward pass."""
     T, K = ids_TK.shape
     E = getattr(w_gate, "values_GKN", w_gate).shape[0]  # float or pre-quantized QuantizedExperts
     order_A, group_sizes_E = sort_assignments(ids_TK, E)
-    x_AD = x_TD[order_A // K]
+    row_TK = inverse_permutation(order_A).reshape(T, K)   # sorted row of assignment (t, k)
+    x_AD = rows_of_tokens(x_TD, order_A // K, row_TK)
     y_AD = expert_ffn(x_AD, w_gate, w_up, w_down, group_sizes_E, gmm or grouped_matmul(quant, "xla"))
-    y_TKD = jnp.zeros_like(y_AD).at[order_A].set(y_AD).reshape(T, K, -1)
-    out = jnp.einsum("tkd,tk->td", y_TKD.astype(jnp.float32), weights_TK.astype(jnp.float32))
+    out = combine_rows(y_AD, weights_TK, row_TK, order_A)
     return out.astype(x_TD.dtype), jnp.zeros((), jnp.float32)
 
 
@@ -285,9 +294,9 @@ def block_dispatch(x_TD, ids_TK, weights_TK, w_gate, w_up, w_down, cap, block=No
     row_sorted_A = jnp.where(rank_sorted_A < cap, blk_lo_E[e_sorted_A] * b + rank_sorted_A, R)
     asg_R = jnp.full((R + 1,), A, jnp.int32).at[row_sorted_A].set(order_A)[:R]  # A: an empty row
     row_A = jnp.zeros((A,), jnp.int32).at[order_A].set(row_sorted_A)             # R: dropped
-    x_RD = _rows_of_tokens(x_TD, asg_R // K, row_A.reshape(T, K))
+    x_RD = rows_of_tokens(x_TD, asg_R // K, row_A.reshape(T, K))
     y_RD = _block_ffn(x_RD, w_gate, w_up, w_down, blk_lo_E, blk_hi_E, b)
-    out = _combine_rows(y_RD, weights_TK.astype(y_RD.dtype), row_A.reshape(T, K), asg_R)
+    out = combine_rows(y_RD, weights_TK.astype(y_RD.dtype), row_A.reshape(T, K), asg_R)
     dropped = jnp.mean((row_A >= R).astype(jnp.float32))  # exactly 0 when nothing is dropped
     return out.astype(x_TD.dtype), dropped
 
@@ -298,48 +307,55 @@ def _pad_row(a_ND):
 
 # Token rows <-> expert rows. Each kept assignment (t, k) is one row r: row_TK[t, k] = r and
 # src_R[r] = t (src T and row R mean none). Both directions are gathers, so each backward is the
-# other gather (autodiff would scatter-add into a zero-filled buffer instead).
+# other gather (autodiff would scatter-add into a zero-filled buffer instead). Out-of-range
+# indices read zeros (fill mode): no padded copy of the operand.
+def _take_rows(a_ND, idx):
+    return jnp.take(a_ND, idx, axis=0, mode="fill", fill_value=0)
+
+
 @jax.custom_vjp
-def _rows_of_tokens(x_TD, src_R, row_TK):
+def rows_of_tokens(x_TD, src_R, row_TK):
     """x_RD[r] = x_TD[src_R[r]] (zero where src_R = T)."""
-    return _pad_row(x_TD)[src_R]
+    return _take_rows(x_TD, src_R)
 
 
-def _rows_of_tokens_fwd(x_TD, src_R, row_TK):
-    return _rows_of_tokens(x_TD, src_R, row_TK), (src_R, row_TK)
+def rows_of_tokens_fwd(x_TD, src_R, row_TK):
+    return rows_of_tokens(x_TD, src_R, row_TK), (src_R, row_TK)
 
 
-def _rows_of_tokens_bwd(res, dx_RD):
+def rows_of_tokens_bwd(res, dx_RD):
     src_R, row_TK = res
-    return jnp.sum(_pad_row(dx_RD)[row_TK], axis=1), None, None
+    return jnp.sum(_take_rows(dx_RD, row_TK), axis=1), None, None
 
 
-_rows_of_tokens.defvjp(_rows_of_tokens_fwd, _rows_of_tokens_bwd)
+rows_of_tokens.defvjp(rows_of_tokens_fwd, rows_of_tokens_bwd)
 
 
 @jax.custom_vjp
-def _combine_rows(y_RD, weights_TK, row_TK, asg_R):
-    """out_TD = sum_k weights_TK[t, k] * y_RD[row_TK[t, k]] (float32; dropped rows add nothing)."""
-    y_TKD = _pad_row(y_RD)[row_TK]
-    return jnp.einsum("tkd,tk->td", y_TKD.astype(jnp.float32), weights_TK.astype(jnp.float32))
+def combine_rows(y_RD, weights_TK, row_TK, asg_R):
+    """out_TD = sum_k weights_TK[t, k] * y_RD[row_TK[t, k]], accumulated in float32 (dropped rows
+    add nothing). Written as multiply + reduce, which XLA fuses with the gather and the cast, so
+    no f32 [T, K, D] copy of y is made (a dot would materialize its converted operand)."""
+    y_TKD = _take_rows(y_RD, row_TK).astype(jnp.float32)
+    return jnp.sum(y_TKD * weights_TK.astype(jnp.float32)[:, :, None], axis=1)
 
 
-def _combine_rows_fwd(y_RD, weights_TK, row_TK, asg_R):
-    return _combine_rows(y_RD, weights_TK, row_TK, asg_R), (y_RD, weights_TK, row_TK, asg_R)
+def combine_rows_fwd(y_RD, weights_TK, row_TK, asg_R):
+    return combine_rows(y_RD, weights_TK, row_TK, asg_R), (y_RD, weights_TK, row_TK, asg_R)
 
 
-def _combine_rows_bwd(res, dout_TD):
+def combine_rows_bwd(res, dout_TD):
     y_RD, weights_TK, row_TK, asg_R = res
     K = row_TK.shape[1]
     dout_TD = dout_TD.astype(jnp.float32)
     # row r of assignment a = t * K + k gets weights[t, k] * dout[t]; rows with no assignment get 0
-    w_A = _pad_row(weights_TK.reshape(-1).astype(jnp.float32))[asg_R]
-    dy_RD = w_A[:, None] * _pad_row(dout_TD)[asg_R // K]
-    dw_TK = jnp.einsum("tkd,td->tk", _pad_row(y_RD)[row_TK].astype(jnp.float32), dout_TD)
+    w_A = _take_rows(weights_TK.reshape(-1).astype(jnp.float32), asg_R)
+    dy_RD = w_A[:, None] * _take_rows(dout_TD, asg_R // K)
+    dw_TK = jnp.sum(_take_rows(y_RD, row_TK).astype(jnp.float32) * dout_TD[:, None, :], axis=2)
     return dy_RD.astype(y_RD.dtype), dw_TK.astype(weights_TK.dtype), None, None
 
 
-_combine_rows.defvjp(_combine_rows_fwd, _combine_rows_bwd)
+combine_rows.defvjp(combine_rows_fwd, combine_rows_bwd)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(6,))

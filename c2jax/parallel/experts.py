@@ -40,7 +40,7 @@ from c2jax.parallel.mesh import (
     row_axes,
     spec_entry,
 )
-from c2jax.ops.experts_xla import expert_ffn
+from c2jax.ops.experts_xla import combine_rows, expert_ffn, inverse_permutation, rows_of_tokens
 
 
 def ep_axes() -> tuple:
@@ -83,9 +83,11 @@ def _local_experts(x_RD, eid_R, w_gate, w_up, w_down, gmm):
     for the grouped matmuls `gmm`."""
     e_local = weight_shape(w_gate)[0]
     order = jnp.argsort(eid_R, stable=True)
+    inv = inverse_permutation(order)
     sizes = jnp.bincount(eid_R, length=e_local + 1)[:e_local].astype(jnp.int32)
-    y_sorted = expert_ffn(x_RD[order], w_gate, w_up, w_down, sizes, gmm)
-    y = jnp.zeros_like(y_sorted).at[order].set(y_sorted)
+    # sort and unsort as gathers both ways (permutations: K = 1 rows per "token")
+    y_sorted = expert_ffn(rows_of_tokens(x_RD, order, inv[:, None]), w_gate, w_up, w_down, sizes, gmm)
+    y = rows_of_tokens(y_sorted, inv, order[:, None])
     return jnp.where((eid_R < e_local)[:, None], y, 0)
 
 
@@ -146,16 +148,16 @@ def expert_parallel_dispatch(x_BLD, ids_BLK, weights_BLK, w_gate, w_up, w_down, 
         rank = jnp.zeros_like(rank_sorted).at[order].set(rank_sorted)
         keep = rank < cap
         slot = jnp.where(keep, dest * cap + rank, W * cap)       # W*cap = drop sink
-        token = jnp.arange(A, dtype=jnp.int32) // K
-        send_x = jnp.zeros((W * cap + 1, D), dt).at[slot].set(x_TD[token])[: W * cap]
+        # assignment of each send row (A: an empty row); rows <-> assignments are gathers both ways
+        asg = jnp.full((W * cap + 1,), A, jnp.int32).at[slot].set(jnp.arange(A, dtype=jnp.int32))[: W * cap]
+        row_TK = slot.reshape(T, K)
+        send_x = rows_of_tokens(x_TD, asg // K, row_TK)
         send_e = jnp.full((W * cap + 1,), e_local, jnp.int32).at[slot].set(flat % e_local)[: W * cap]
         recv_x = _quantized_all_to_all(send_x, axes, quant, dt)
         recv_e = jax.lax.all_to_all(send_e, axes, 0, 0, tiled=True)
         y_R = _local_experts(recv_x, recv_e, wg, wu, wd, gmm).astype(dt)   # combine dtype
         back = jax.lax.all_to_all(y_R, axes, 0, 0, tiled=True)
-        back = jnp.concatenate([back, jnp.zeros((1, D), dt)])
-        y_AD = back[slot] * keep[:, None].astype(dt)
-        y = jnp.einsum("tkd,tk->td", y_AD.reshape(T, K, D).astype(jnp.float32), wts_TK.astype(jnp.float32))
+        y = combine_rows(back, wts_TK, row_TK, asg)   # f32 sum over k; dropped rows add nothing
         return y.astype(dt), jnp.mean((~keep).astype(jnp.float32))  # exactly 0 when dropless
 
     def body(x, ids, wts, wg, wu, wd):

@@ -88,9 +88,19 @@ EP_RULES = {"embed": ("fsdp", "expert"), "expert_embed": "fsdp", "experts": "exp
             "batch": ("data", "fsdp", "expert")}
 
 
-def layout(fsdp: int, ep: int) -> dict:
-    return {"c2jax_mesh": (1, fsdp, 1, ep), "c2jax_rules": FSDP_RULES if ep == 1 else EP_RULES,
-            "maxtext_mesh": {"ici_fsdp_parallelism": fsdp, "ici_expert_parallelism": ep}}
+def layout(fsdp: int, ep: int, cp: int = 1) -> dict:
+    """c2jax mesh + rules and MaxText's ici settings of an FSDP x CP x EP layout. Under CP both
+    shard the sequence over `context` and use it as one more FSDP axis for the weights (MaxText's
+    embed / embed_no_exp rules list context)."""
+    rules = dict(FSDP_RULES if ep == 1 else EP_RULES)
+    if cp > 1:
+        rules["embed"] = ("fsdp", "context") + (("expert",) if ep > 1 else ())
+        rules["expert_embed"] = ("fsdp", "context")
+        rules["length"] = "context"
+    mt = {"ici_fsdp_parallelism": fsdp, "ici_expert_parallelism": ep}
+    if cp > 1:
+        mt["ici_context_parallelism"] = cp
+    return {"c2jax_mesh": (1, fsdp, cp, ep), "c2jax_rules": rules, "maxtext_mesh": mt}
 
 
 POINTS = {
@@ -104,6 +114,10 @@ POINTS = {
                                         seq=4096, layers=(4, 6)),
     # v5p-1024 (512 chips): 1.04T x 16 B = 16.6 TB, 32 GB per chip
     "kimi_k2_1t-fsdp64_ep8": dict(model="kimi_k2_1t", topology="v5p:8x8x8", fsdp=64, ep=8, batch=512, seq=4096),
+    # long rows with context parallelism, as the pod configs train (32 x 32K tokens per step, CP 2,
+    # EP 8); on MaxText's axes: fsdp 4 x context 2 x expert 8
+    "qwen3_30b_a3b-fsdp4_cp2_ep8": dict(model="qwen3_30b_a3b", topology="v5p:4x4x4", fsdp=4, ep=8, cp=2, batch=32,
+                                        seq=32768),
     "tiny": dict(model="tiny", topology="v5p:2x2x1", fsdp=2, ep=2, batch=8, seq=256),
 }
 
@@ -114,8 +128,12 @@ COMMON_DIFFERENCES = [
     "megablox kernels. With EP, c2jax exchanges fixed-size rows per peer (mesh.ep_capacity_factor 2.0: "
     "tokens past 2x the mean load per peer are dropped), MaxText a ragged all-to-all (dropless): the "
     "two EP programs move different byte counts.",
-    "Attention: c2jax's Pallas flash kernel (jax.experimental.pallas.ops.tpu.flash_attention); MaxText's "
-    "splash attention (attention=flash).",
+    "Attention: c2jax's own Pallas flash kernels (pallas_kernels/flash_attention: forward, dK/dV, dQ); "
+    "MaxText's splash attention (jax's, attention=flash).",
+    "Kernel cost estimates: c2jax's kernels hand XLA their matmul FLOPs and operand bytes "
+    "(pallas_kernels/cost.py, megablox's accounting: grouped matmuls at their static row count, flash at "
+    "the causal pairs, the backward's recomputation included); megablox does the same; splash attention "
+    "sets none, so MaxText's attention is added at peak in the '+ uncounted' column.",
     "Loss: c2jax's token NLL op and z-loss 0; MaxText's cross entropy (z-loss 0). Both clip the global "
     "gradient norm at 1.0 and run AdamW (b1 0.9, b2 0.95, wd 0.1).",
     "Device order: the same TPU devices (get_topology_desc of the same topology name, MaxText with "
@@ -135,7 +153,8 @@ def point_spec(name: str) -> dict:
     p = dict(POINTS[name])
     p["name"] = name
     p.setdefault("layers", (2, 4))
-    p.update(layout(p["fsdp"], p["ep"]))
+    p.setdefault("cp", 1)
+    p.update(layout(p["fsdp"], p["ep"], p["cp"]))
     return p
 
 
@@ -225,12 +244,14 @@ def c2jax_side(p: dict, compiles: list[tuple[str, int | None, bool]]) -> dict:
 def maxtext_overrides(p: dict, layers: int | None, unrolled: bool) -> list[str]:
     spec = MODELS[p["model"]]
     chips = chips_of(p["topology"])
-    if p["batch"] % chips:
-        raise SystemExit(f"{p['name']}: MaxText's per_device_batch_size needs batch {p['batch']} divisible by {chips}")
+    if (p["batch"] * p["cp"]) % chips:
+        raise SystemExit(f"{p['name']}: MaxText's per_device_batch_size needs batch x CP ({p['batch']} x {p['cp']}) "
+                         f"divisible by {chips}")
+    pdbs = p["batch"] // chips if p["batch"] % chips == 0 else p["batch"] / chips   # < 1 under CP
     ov = {"model_name": spec["maxtext"], "override_model_config": "true",
           "compile_topology": p["topology"], "internal_compile": "true", "internal_compile_num_devices": chips,
           "compile_topology_num_slices": 1, "dcn_data_parallelism": 1,
-          "per_device_batch_size": p["batch"] // chips, "max_target_length": p["seq"],
+          "per_device_batch_size": pdbs, "max_target_length": p["seq"],
           "remat_policy": "full", "weight_dtype": "float32", "dtype": "bfloat16",
           "scan_layers": "false" if unrolled else "true", "allow_split_physical_axes": "true",
           "attention": "flash", "sparse_matmul": "true", "megablox": "true", "capacity_factor": -1.0,
@@ -306,7 +327,8 @@ def kernel_family(name: str) -> str:
 
 
 # Kernel families with no pallas_call cost_estimate, for reports written before the driver
-# recorded them: c2jax's pallas_kernels set none; MaxText's megablox sets one, jax's splash none.
+# recorded them: c2jax's pallas_kernels then set none (they do since pallas_kernels/cost.py);
+# MaxText's megablox sets one, jax's splash none.
 NO_ESTIMATE_DEFAULT = {"c2jax": ("attention", "experts"), "maxtext": ("attention",)}
 
 
@@ -412,7 +434,13 @@ def model_figures(p: dict) -> dict:
 
 def layout_notes(p: dict) -> list[str]:
     notes = []
-    if p["ep"] == 1:
+    if p["cp"] > 1:
+        notes.append(f"FSDP {p['fsdp']} x CP {p['cp']} x EP {p['ep']}: rows of {p['seq']} tokens split over context "
+                     "(c2jax: local queries in zigzag order against all-gathered K/V in its flash kernel; MaxText: "
+                     "splash attention with all-gather CP and load balancing); dense weights' embed over fsdp x "
+                     "context x expert and expert weights' embed over fsdp x context (both sides; context acts as "
+                     "one more FSDP axis for weights), experts over expert, batch over fsdp x expert (both sides).")
+    elif p["ep"] == 1:
         notes.append(f"FSDP {p['fsdp']}: c2jax shards dense weights' embed dim and expert weights' embed dim "
                      "over fsdp (experts unsharded, gathered per layer); MaxText the same (embed / embed_moe -> "
                      "fsdp, exp -> expert of size 1). Same layout.")
@@ -451,7 +479,7 @@ def run_point(p: dict, sides: list[str], full: bool, out_dir: str, timeout: floa
               "command": " ".join([".venv/bin/python", os.path.relpath(os.path.abspath(sys.argv[0]), ROOT), *sys.argv[1:]]),
               "model": p["model"], "topology": p["topology"], "chip": chip, "chips": chips,
               "hbm_per_chip_gib": hbm / GiB, "peak_bf16_tflops": peak / 1e12,
-              "global_batch": p["batch"], "seq_len": p["seq"], "layout": {"fsdp": p["fsdp"], "ep": p["ep"]},
+              "global_batch": p["batch"], "seq_len": p["seq"], "layout": point_layout(p),
               "precision": "f32 params + f32 AdamW moments, bf16 compute", "remat": "full",
               "extrapolation": {"lo": n_lo, "hi": n_hi, "full": figs["layers"],
                                 "rule": "per_layer = (f_hi - f_lo) / (hi - lo); whole = f_lo + (L - lo) * per_layer"},
@@ -468,6 +496,32 @@ def run_point(p: dict, sides: list[str], full: bool, out_dir: str, timeout: floa
     report["wall_s"] = round(time.time() - t_all, 1)
     report["goals"] = goals(report)
     return report
+
+
+SAME_PROGRAM_KEYS = ("model", "topology", "global_batch", "seq_len", "layout")
+
+
+def point_layout(p: dict) -> dict:
+    return {"fsdp": p["fsdp"], "ep": p["ep"]} | ({"cp": p["cp"]} if p["cp"] > 1 else {})
+
+
+def reused_maxtext_side(path: str, p: dict) -> dict:
+    """The MaxText side of an earlier report whose programs are this point's (same model, topology,
+    batch, sequence and mesh), with a note naming where and when it was compiled."""
+    with open(path) as f:
+        old = json.load(f)
+    want = {"model": p["model"], "topology": p["topology"], "global_batch": p["batch"], "seq_len": p["seq"],
+            "layout": point_layout(p)}
+    diff = {k: (old.get(k), want[k]) for k in SAME_PROGRAM_KEYS if old.get(k) != want[k]}
+    if diff:
+        raise SystemExit(f"--maxtext-from {path}: not the same MaxText programs as {p['name']} (report vs point: {diff})")
+    side = old.get("sides", {}).get("maxtext")
+    if not side or side.get("status") != "ok":
+        raise SystemExit(f"--maxtext-from {path}: no complete MaxText side in it")
+    side = dict(side)
+    # a side that was itself reused keeps the note naming its compile
+    side.setdefault("note", f"the MaxText programs of {old['point']}, compiled {old['date']} by `{old['command']}`")
+    return side
 
 
 def goals(report: dict) -> dict:
@@ -598,6 +652,10 @@ def main(argv=None) -> int:
     ap.add_argument("--out-dir", default=DEFAULT_OUT)
     ap.add_argument("--stem", default="", help="output file stem (default DATE_POINT)")
     ap.add_argument("--maxtext-timeout", type=float, default=7200.0, help="seconds per MaxText compile")
+    ap.add_argument("--maxtext-from", metavar="JSON",
+                    help="with --side c2jax: take the MaxText side from this earlier report of a point with the "
+                         "same model, topology, batch, sequence and mesh (the compiler's outputs for the same "
+                         "programs; the report says where they came from)")
     ap.add_argument("--resummarize", nargs="+", metavar="JSON",
                     help="recompute written reports' figures and tables from their compiles (no compiling)")
     ap.add_argument("--table", nargs="+", metavar="JSON", help="print one summary row per point and side")
@@ -619,7 +677,15 @@ def main(argv=None) -> int:
     p = point_spec(name)
     side = args.side or ("c2jax" if name == "tiny" else "both")
     sides = ["c2jax", "maxtext"] if side == "both" else [side]
+    reused = None
+    if args.maxtext_from:
+        if sides != ["c2jax"]:
+            ap.error("--maxtext-from goes with --side c2jax")
+        reused = reused_maxtext_side(args.maxtext_from, p)   # read before this run may overwrite the file
     report = run_point(p, sides, not args.no_full, args.out_dir, args.maxtext_timeout)
+    if reused is not None:
+        report["sides"]["maxtext"] = reused
+        report["goals"] = goals(report)
     report["jax"], report["libtpu"] = _version("jax"), _version("libtpu")
     stem = args.stem or f"{report['date'][:10]}_{name}"
     os.makedirs(args.out_dir, exist_ok=True)

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from pallas_kernels.cost import flash_cost
 from pallas_kernels._common import (
     MASK_VALUE,
     online_softmax_step,
@@ -289,6 +290,8 @@ def flash_fwd_tpu(q_BHLD, k_BKSD, v_BKSE, q_seg_BL, kv_seg_BS=None, q_pos_BL=Non
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
             vmem_limit_bytes=VMEM_LIMIT_BYTES),
+        cost_estimate=flash_cost("fwd", b, h, kh, lq, lk, d, e, causal=causal, by_position=has_pos,
+                                 dtype=q_BHLD.dtype),
         interpret=interpret,
     )(*operands)
     return out[:, :, :lq], lse
@@ -375,6 +378,8 @@ def flash_bwd_tpu(q_BHLD, k_BKSD, v_BKSE, q_seg_BL, out_BHLE, lse_BH1L, do_BHLE,
     lse = pad_axis(lse_BH1L[..., :lq], 3, lqp)
     has_pos = lay.qp is not None
     cp = lambda sem: pltpu.CompilerParams(dimension_semantics=sem, vmem_limit_bytes=VMEM_LIMIT_BYTES)
+    cost = functools.partial(flash_cost, b=b, h=h, kh=kh, lq=lq, lk=lk, d=d, e=e, causal=causal, by_position=has_pos,
+                             dtype=q_BHLD.dtype)
     args = [q, k, v, do, lse, delta, lay.qs, lay.ks] + ([lay.qp, lay.kp] if has_pos else [])
 
     # dK, dV: grid (b, kv head, key block, group member, query block), query blocks innermost
@@ -401,6 +406,7 @@ def flash_bwd_tpu(q_BHLD, k_BKSD, v_BKSE, q_seg_BL, out_BHLE, lse_BH1L, do_BHLE,
         out_shape=[out_struct((b, kh, lkp, d), k_BKSD.dtype, *operands),
                    out_struct((b, kh, lkp, e), v_BKSE.dtype, *operands)],
         compiler_params=cp(("parallel", "parallel", "parallel", "arbitrary", "arbitrary")),
+        cost_estimate=cost("dkv"),
         interpret=interpret,
     )(*operands)
 
@@ -426,6 +432,7 @@ def flash_bwd_tpu(q_BHLD, k_BKSD, v_BKSE, q_seg_BL, out_BHLE, lse_BH1L, do_BHLE,
                              [pltpu.VMEM((bq, d), jnp.float32)]),
         out_shape=out_struct((b, h, lqp, d), q_BHLD.dtype, *operands),
         compiler_params=cp(("parallel", "parallel", "parallel", "arbitrary")),
+        cost_estimate=cost("dq"),
         interpret=interpret,
     )(*operands)
     return dq[:, :, :lq], dk[:, :, :lk], dv[:, :, :lk]

@@ -22,32 +22,36 @@ from pallas_kernels._common import (
 from pallas_kernels.gmm import reference, tpu, xla
 
 
-def _gmm_raw(lhs_MK, rhs, group_sizes_G, impl, tiling, transpose_rhs=False):
-    """f32 grouped matmul on the chosen path; rhs is [G,N,K] when transpose_rhs."""
+def _gmm_raw(lhs_MK, rhs, group_sizes_G, impl, tiling, transpose_rhs=False, out_dtype=jnp.float32):
+    """Grouped matmul accumulated in f32 on the chosen path, returned in out_dtype (the Mosaic
+    kernel writes out_dtype itself: no f32 [M, N] copy); rhs is [G,N,K] when transpose_rhs."""
     if impl == "reference":
         r = jnp.swapaxes(rhs, 1, 2) if transpose_rhs else rhs
-        return reference.gmm_reference(lhs_MK, r, group_sizes_G, jnp.float32)
+        return reference.gmm_reference(lhs_MK, r, group_sizes_G, jnp.float32).astype(out_dtype)
     if impl == "xla":
-        return xla.gmm_xla(lhs_MK, rhs, group_sizes_G, transpose_rhs=transpose_rhs)
+        return xla.gmm_xla(lhs_MK, rhs, group_sizes_G, transpose_rhs=transpose_rhs).astype(out_dtype)
     if impl == "ragged":   # XLA's own grouped matmul (a grouped GEMM on GPU; a masked dense product on CPU)
         r = jnp.swapaxes(rhs, 1, 2) if transpose_rhs else rhs
-        return jax.lax.ragged_dot(lhs_MK, r.astype(lhs_MK.dtype), group_sizes_G, preferred_element_type=jnp.float32)
-    return tpu.gmm_tpu(lhs_MK, rhs, group_sizes_G, transpose_rhs=transpose_rhs,
+        return jax.lax.ragged_dot(lhs_MK, r.astype(lhs_MK.dtype), group_sizes_G,
+                                  preferred_element_type=jnp.float32).astype(out_dtype)
+    return tpu.gmm_tpu(lhs_MK, rhs, group_sizes_G, transpose_rhs=transpose_rhs, preferred_element_type=out_dtype,
                        tiling=tiling or tpu.DEFAULT_TILING,
                        interpret=interpret_params(impl, lhs_MK, rhs, group_sizes_G))
 
 
-def _tgmm_raw(lhs_MK, dy_MN, group_sizes_G, impl, tiling):
+def _tgmm_raw(lhs_MK, dy_MN, group_sizes_G, impl, tiling, out_dtype=jnp.float32):
+    """Per-group lhs^T dy accumulated in f32, returned in out_dtype (written by the kernel itself)."""
     if impl == "reference":
-        return reference.tgmm_reference(lhs_MK, dy_MN, group_sizes_G, jnp.float32)
+        return reference.tgmm_reference(lhs_MK, dy_MN, group_sizes_G, jnp.float32).astype(out_dtype)
     if impl == "xla":
-        return xla.tgmm_xla(lhs_MK, dy_MN, group_sizes_G)
+        return xla.tgmm_xla(lhs_MK, dy_MN, group_sizes_G).astype(out_dtype)
     if impl == "ragged":   # ragged contraction over the rows: one [K, N] product per group
         dn = jax.lax.RaggedDotDimensionNumbers(dot_dimension_numbers=(([0], [0]), ([], [])),
                                                lhs_ragged_dimensions=[0], rhs_group_dimensions=[])
         return jax.lax.ragged_dot_general(lhs_MK, dy_MN.astype(lhs_MK.dtype), group_sizes_G, dn,
-                                          preferred_element_type=jnp.float32)
-    return tpu.tgmm_tpu(lhs_MK, dy_MN, group_sizes_G, tiling=tiling or tpu.DEFAULT_TILING,
+                                          preferred_element_type=jnp.float32).astype(out_dtype)
+    return tpu.tgmm_tpu(lhs_MK, dy_MN, group_sizes_G, preferred_element_type=out_dtype,
+                        tiling=tiling or tpu.DEFAULT_TILING,
                         interpret=interpret_params(impl, lhs_MK, dy_MN, group_sizes_G))
 
 
@@ -129,20 +133,20 @@ def _quantized_forward(lhs_MK, qe: QuantizedExperts, group_sizes_G, impl, tiling
     return y
 
 
-def _forward(lhs_MK, rhs_GKN, group_sizes_G, quant, impl, tiling):
-    """Plain or quantized forward in f32."""
+def _forward(lhs_MK, rhs_GKN, group_sizes_G, quant, impl, tiling, out_dtype):
+    """Plain or quantized forward, accumulated in f32, in out_dtype."""
     if quant == "none":
-        return _gmm_raw(lhs_MK, rhs_GKN, group_sizes_G, impl, tiling)
-    return _quantized_forward(lhs_MK, quantize_experts(rhs_GKN, quant), group_sizes_G, impl, tiling)
+        return _gmm_raw(lhs_MK, rhs_GKN, group_sizes_G, impl, tiling, out_dtype=out_dtype)
+    return _quantized_forward(lhs_MK, quantize_experts(rhs_GKN, quant), group_sizes_G, impl, tiling).astype(out_dtype)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
 def _gmm_vjp(lhs_MK, rhs_GKN, group_sizes_G, quant, impl, tiling, out_dtype):
-    return _forward(lhs_MK, rhs_GKN, group_sizes_G, quant, impl, tiling).astype(out_dtype)
+    return _forward(lhs_MK, rhs_GKN, group_sizes_G, quant, impl, tiling, out_dtype)
 
 
 def _gmm_fwd(lhs_MK, rhs_GKN, group_sizes_G, quant, impl, tiling, out_dtype):
-    out = _forward(lhs_MK, rhs_GKN, group_sizes_G, quant, impl, tiling).astype(out_dtype)
+    out = _forward(lhs_MK, rhs_GKN, group_sizes_G, quant, impl, tiling, out_dtype)
     return out, (lhs_MK, rhs_GKN, group_sizes_G)
 
 
@@ -150,8 +154,10 @@ def _gmm_bwd(quant, impl, tiling, out_dtype, res, dy_MN):
     lhs_MK, rhs_GKN, group_sizes_G = res
     m = lhs_MK.shape[0]
     if quant == "none":
-        dlhs = _gmm_raw(dy_MN.astype(rhs_GKN.dtype), rhs_GKN, group_sizes_G, impl, tiling, transpose_rhs=True)
-        drhs = _tgmm_raw(lhs_MK, dy_MN.astype(lhs_MK.dtype), group_sizes_G, impl, tiling)
+        # each gradient leaves its kernel in its primal's dtype (no f32 [M, K] / [G, K, N] copies)
+        dlhs = _gmm_raw(dy_MN.astype(rhs_GKN.dtype), rhs_GKN, group_sizes_G, impl, tiling, transpose_rhs=True,
+                        out_dtype=lhs_MK.dtype)
+        drhs = _tgmm_raw(lhs_MK, dy_MN.astype(lhs_MK.dtype), group_sizes_G, impl, tiling, out_dtype=rhs_GKN.dtype)
     else:
         # Backward in MXFP8 (straight-through), blocks of 32 along each matmul's contraction dim.
         if impl in ("pallas", "interpret"):
@@ -234,4 +240,5 @@ def tgmm(lhs_MK, dy_MN, group_sizes_G, *, preferred_element_type=jnp.float32, im
         raise ValueError(f"lhs_MK has M={lhs_MK.shape[0]} rows, dy_MN has {dy_MN.shape[0]}")
     if is_concrete(group_sizes_G) and np.asarray(group_sizes_G).sum() > lhs_MK.shape[0]:
         raise ValueError(f"group_sizes_G sums past M={lhs_MK.shape[0]}")
-    return _tgmm_raw(lhs_MK, dy_MN, group_sizes_G.astype(jnp.int32), impl, tiling).astype(preferred_element_type)
+    return _tgmm_raw(lhs_MK, dy_MN, group_sizes_G.astype(jnp.int32), impl, tiling,
+                     out_dtype=jnp.dtype(preferred_element_type))

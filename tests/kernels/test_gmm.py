@@ -83,6 +83,26 @@ def test_gmm_gradients_match_ragged_dot_autodiff(impl):
         np.testing.assert_allclose(a, b, atol=3e-4, rtol=1e-4)
 
 
+def test_bf16_outputs_and_gradients_round_once_from_the_f32_accumulator():
+    """bf16 outputs (and the backward's bf16 dX / dW) are written by the kernel from its f32
+    accumulator: bit-equal to the f32 result rounded once, with no f32 copy in between."""
+    bf = jnp.bfloat16
+    lhs, rhs, gs, dy = _inputs(200, 128, 256, [37, 0, 100, 3, 50], bf, seed=3)
+    for impl in ("interpret", "xla"):
+        kw = {"tiling": TILING} if impl == "interpret" else {}
+        out32 = J(pk.gmm, impl=impl, **kw)(lhs, rhs, gs)
+        out16 = J(pk.gmm, impl=impl, preferred_element_type=bf, **kw)(lhs, rhs, gs)
+        assert out16.dtype == bf
+        np.testing.assert_array_equal(np.asarray(out16, np.float32), np.asarray(out32.astype(bf), np.float32))
+        _, vjp = jax.vjp(lambda a, b: pk.gmm(a, b, gs, impl=impl, preferred_element_type=bf, **kw), lhs, rhs)
+        dx, dw = jax.jit(vjp)(dy)
+        assert dx.dtype == bf and dw.dtype == bf
+        dx32 = J(pk.gmm, impl=impl, **kw)(dy, jnp.swapaxes(rhs, 1, 2), gs)
+        dw32 = J(pk.tgmm, impl=impl, **kw)(lhs, dy, gs)
+        np.testing.assert_array_equal(np.asarray(dx, np.float32), np.asarray(dx32.astype(bf), np.float32))
+        np.testing.assert_array_equal(np.asarray(dw, np.float32), np.asarray(dw32.astype(bf), np.float32))
+
+
 @pytest.mark.parametrize("quant", ["mxfp8", "nvfp4", "int8"])
 def test_quantized_gmm_forward(quant):
     lhs, rhs, gs, _ = _inputs(96, 128, 128, [40, 0, 50], seed=2)

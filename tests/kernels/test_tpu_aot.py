@@ -167,3 +167,38 @@ def test_qmatmul_compiles(chip, quant, mode):
     if mode == "weight_only":
         # the weight stays 1 byte/value in HBM (E2M1 is widened to int8 codes once): no bf16 copy
         assert ma.temp_size_in_bytes < K * N * 2
+
+
+def _cost(chip, fn, *shapes):
+    s = SingleDeviceSharding(_device(chip))
+    args = [jax.ShapeDtypeStruct(sh[0], sh[1], sharding=s) for sh in shapes]
+    ca = jax.jit(fn).lower(*args).compile().cost_analysis()
+    return ca[0] if isinstance(ca, list) else ca
+
+
+def test_kernel_cost_estimates_reach_the_compiled_program():
+    """Each training kernel hands XLA its matmul FLOPs (without them the compiled program counts a
+    Mosaic call as free): the compiled FLOPs cover the kernel's and add only the few elementwise
+    ops around it (padding, slicing, the backward's delta)."""
+    from pallas_kernels.cost import attention_pairs
+    m, k, n, g = 2048, 1024, 512, 8
+    ca = _cost("v5p", lambda a, b, gs: gmm_tpu.gmm_tpu(a, b, gs, preferred_element_type=BF),
+               ((m, k), BF), ((g, k, n), BF), ((g,), jnp.int32))
+    assert 2 * m * k * n <= ca["flops"] < 1.05 * 2 * m * k * n
+    assert ca["bytes accessed"] >= (m * k + g * k * n + m * n) * 2
+    ca = _cost("v5p", lambda a, d, gs: gmm_tpu.tgmm_tpu(a, d, gs), ((m, k), BF), ((m, n), BF), ((g,), jnp.int32))
+    assert 2 * m * k * n <= ca["flops"] < 1.05 * 2 * m * k * n
+
+    B, H, Hk, L, D = 1, 8, 2, 2048, 128
+    p = attention_pairs(B, H, L, L, causal=True, by_position=False)
+    assert p == B * H * L * (L + 1) // 2
+    q, kv, seg = ((B, H, L, D), BF), ((B, Hk, L, D), BF), ((B, L), jnp.int32)
+    ca = _cost("v5p", lambda q, k, v, s: fa.flash_fwd_tpu(q, k, v, s, causal=True, sm_scale=0.1), q, kv, kv, seg)
+    assert 4 * p * D <= ca["flops"] < 1.05 * 4 * p * D
+    assert ca["transcendentals"] >= p
+    ca = _cost("v5p", lambda q, k, v, s, o, lse, do: fa.flash_bwd_tpu(q, k, v, s, o, lse, do, causal=True,
+                                                                        sm_scale=0.1),
+               q, kv, kv, seg, q, ((B, H, 1, L), jnp.float32), q)
+    bwd = 8 * p * D + 6 * p * D   # dK/dV kernel 4 p (D + E), dQ kernel p (4 D + 2 E); E = D
+    assert bwd <= ca["flops"] < 1.05 * bwd
+    assert ca["transcendentals"] >= 2 * p

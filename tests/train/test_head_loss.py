@@ -147,7 +147,8 @@ def test_loss_terms_fused_equal_logits_path(name, extra):
         return terms["nll_sum"]
     g_f = jax.grad(loss)(params, True)
     g_r = jax.grad(loss)(params, False)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), g_f, g_r)
+    # f32 sums in another order on each path: differences of ~1e-6 on entries of ~1e-3
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=5e-6), g_f, g_r)
 
 
 @pytest.mark.parametrize("tied", [False, True])
