@@ -10,7 +10,7 @@ uses, so the two sides of a comparison count alike.
 Causal attention counts the pairs a causal mask keeps: L(L+1)/2 per row block by index; by
 positions (context parallelism: local queries against all-gathered keys) half of Lq x Lk, which
 is exact for the load-balanced zigzag layout on average over devices. Segment masks (packing) are
-data: not counted.
+data: not counted. Decode kernels count the whole cache (rows' lengths are data).
 """
 # Dim letters: B batch, H q heads, Hk kv heads, L query length, S key length, D q/k head dim,
 # E v head dim; M rows, K contraction, N output, G groups.
@@ -69,3 +69,18 @@ def tgmm_cost(m: int, k: int, n: int, g: int, lhs_dtype, dy_dtype, out_dtype) ->
     return pl.CostEstimate(flops=2 * m * k * n, transcendentals=0,
                            bytes_accessed=_size((m, k), lhs_dtype) + _size((m, n), dy_dtype)
                            + _size((g, k, n), out_dtype))
+
+
+def decode_cost(b: int, h: int, kh: int, s: int, d: int, e: int, dtype, cache_dtype) -> pl.CostEstimate:
+    """GQA decode: one query per head against a cache of S positions (the whole cache: rows'
+    lengths are data, so blocks the kernel skips past a row's length are counted)."""
+    p = b * h * s
+    return pl.CostEstimate(flops=2 * p * (d + e), transcendentals=p,
+                           bytes_accessed=_size((b, kh, s, d + e), cache_dtype) + _size((b, h, d + e), dtype))
+
+
+def mla_decode_cost(b: int, h: int, s: int, c: int, r: int, dtype, cache_dtype) -> pl.CostEstimate:
+    """MLA decode in the latent space: scores over latent + rope parts, then the latents as values."""
+    p = b * h * s
+    return pl.CostEstimate(flops=2 * p * (2 * c + r), transcendentals=p,
+                           bytes_accessed=_size((b, s, c + r), cache_dtype) + _size((b, h, 2 * c + r), dtype))

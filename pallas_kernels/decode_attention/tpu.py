@@ -12,6 +12,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from pallas_kernels.cost import decode_cost, mla_decode_cost
 from pallas_kernels._common import (
     MASK_VALUE,
     online_softmax_step,
@@ -132,6 +133,7 @@ def decode_attention_tpu(q_BHD, k_cache_BKSD, v_cache_BKSE, lengths_B, *, sm_sca
                                                out_specs=out_spec, scratch_shapes=scratch),
         out_shape=out_struct((b, kh, g, e), q_BHD.dtype, lengths_B, q_BKGD, k, v),
         compiler_params=pltpu.CompilerParams(dimension_semantics=sem, vmem_limit_bytes=VMEM_LIMIT_BYTES),
+        cost_estimate=decode_cost(b, h, kh, s, d, e, q_BHD.dtype, k.dtype),
         interpret=interpret,
     )(lengths_B, q_BKGD, k, v)
     return out.reshape(b, h, e)
@@ -178,5 +180,6 @@ def mla_decode_attention_tpu(q_latent_BHC, q_rope_BHR, latent_BSC, k_rope_BSR, l
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "arbitrary"),
             vmem_limit_bytes=VMEM_LIMIT_BYTES),
+        cost_estimate=mla_decode_cost(b, h, s, c, r, q_latent_BHC.dtype, lat.dtype),
         interpret=interpret,
     )(lengths_B, q_latent_BHC, q_rope_BHR, lat, rope)

@@ -15,6 +15,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from pallas_kernels import quant as Q
+from pallas_kernels.cost import gmm_cost
 from pallas_kernels._common import (
     expand_cols_t,
     expand_rows,
@@ -126,6 +127,7 @@ def qmatmul_tpu(x_MK, w: QuantizedWeight, mode: str, *, preferred_element_type=j
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             vmem_limit_bytes=VMEM_LIMIT_BYTES),
+        cost_estimate=gmm_cost(m, k, n, 1, args[0].dtype, w.values_KN.dtype, preferred_element_type),
         interpret=interpret,
     )(*args)
     return out[:m, :n]

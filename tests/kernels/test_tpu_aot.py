@@ -202,3 +202,21 @@ def test_kernel_cost_estimates_reach_the_compiled_program():
     bwd = 8 * p * D + 6 * p * D   # dK/dV kernel 4 p (D + E), dQ kernel p (4 D + 2 E); E = D
     assert bwd <= ca["flops"] < 1.05 * bwd
     assert ca["transcendentals"] >= 2 * p
+
+
+def test_decode_and_qmatmul_cost_estimates_reach_the_compiled_program():
+    """The sampler's kernels count too: decode attention over the whole cache (lengths are data),
+    MLA decode in the latent space, and the quantized matmul."""
+    B, H, Hk, S, D = 4, 16, 4, 2048, 128
+    ca = _cost("v5p", lambda q, k, v, l: decode_attention_tpu(q, k, v, l, sm_scale=0.1),
+               ((B, H, D), BF), ((B, Hk, S, D), BF), ((B, Hk, S, D), BF), ((B,), jnp.int32))
+    assert ca["flops"] >= 2 * B * H * S * 2 * D and ca["transcendentals"] >= B * H * S
+    assert ca["bytes accessed"] >= 2 * B * Hk * S * D * 2
+    C, R = 512, 64
+    ca = _cost("v5p", lambda qa, qr, c, r, l: mla_decode_attention_tpu(qa, qr, c, r, l, sm_scale=0.1),
+               ((B, H, C), BF), ((B, H, R), BF), ((B, S, C), BF), ((B, S, R), BF), ((B,), jnp.int32))
+    assert ca["flops"] >= 2 * B * H * S * (2 * C + R)
+    m, k, n = 256, 1024, 512
+    ca = _cost("v5p", lambda x, v, c: qmatmul_tpu(x, QuantizedWeight(v, None, c, "int8"), "weight_only"),
+               ((m, k), BF), ((k, n), jnp.int8), ((n,), jnp.float32))
+    assert 2 * m * k * n <= ca["flops"] < 1.1 * 2 * m * k * n
