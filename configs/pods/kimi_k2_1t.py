@@ -15,7 +15,8 @@ two shardings of the same chips. MLA's up-projections (no `embed` dim) are FSDP-
 `heads`. Memory per chip (see the compile-check breakdown): f32 params 8.1 GiB + Adam moments
 16.1 GiB (donated arguments) + f32 grads 8.1 GiB + activations: 61 bf16 residual checkpoints
 (3.3 GiB for 4096 tokens per chip), one layer's rematerialized workspace (attention query
-chunks, EP dispatch chunks), the output head ([7168, 163840] bf16 gathered, f32 logits).
+chunks, EP dispatch chunks), the output head ([7168, 163840] bf16 gathered; f32 logits one
+chunk of the sequence at a time, model.head_chunks).
 
     python -m c2jax compile-check --config configs/pods/kimi_k2_1t.py:cpt --topology v5p:8x8x8
 """
@@ -48,6 +49,9 @@ def get_config(arg=None):
     # in-order tokens, the zigzag layout permutes them), and GSPMD replicated the head's
     # shifted-embedding gradient over all chips (a full [B, L, D] f32 buffer, 56 GiB per chip).
     cfg.model.num_mtp_layers = 0
+    # output head + loss over the sequence in 8 rematerialized chunks: one chunk's f32 logits
+    # (512 tokens x 163840 per chip) live at a time instead of 4096 tokens' (2.5 GiB)
+    cfg.model.head_chunks = 8
     cfg.mesh.shape = shape
     cfg.mesh.attention_chunk = chunk
     cfg.mesh.ep_capacity_factor = 2.0
