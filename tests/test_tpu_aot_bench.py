@@ -132,3 +132,25 @@ def test_maxtext_side_reused_only_from_the_same_programs(tmp_path):
     path.write_text(json.dumps(old))
     with pytest.raises(SystemExit, match="no complete MaxText side"):
         mod.reused_maxtext_side(str(path), p)
+
+
+def test_cp_layout_is_the_same_mesh_on_both_sides():
+    """The CP point: c2jax's mesh (fsdp, context, expert) and rules against MaxText's ici_* axes
+    and a fractional per-device batch (each row split over the context axis)."""
+    mod = _module()
+    p = mod.point_spec("qwen3_30b_a3b-fsdp4_cp2_ep8")
+    assert p["c2jax_mesh"] == (1, 4, 2, 8)
+    rules = p["c2jax_rules"]
+    assert rules["length"] == "context" and rules["embed"] == ("fsdp", "context", "expert")
+    assert rules["expert_embed"] == ("fsdp", "context") and rules["experts"] == "expert"
+    ov = dict(o.split("=", 1) for o in mod.maxtext_overrides(p, 2, True))
+    assert (ov["ici_fsdp_parallelism"], ov["ici_context_parallelism"], ov["ici_expert_parallelism"]) == ("4", "2", "8")
+    assert float(ov["per_device_batch_size"]) * 64 == p["batch"] == 32
+    assert mod.point_layout(p) == {"fsdp": 4, "ep": 8, "cp": 2}
+    cfg = mod.c2jax_config(p, 2, True)
+    from c2jax.config import validate
+    validate(cfg, num_devices=64)
+    assert dict(cfg.mesh.rules)["length"] == "context" and tuple(cfg.mesh.shape) == (1, 4, 2, 8)
+    # a layout without CP keeps MaxText's context axis unset and the report's layout without "cp"
+    q = mod.point_spec("qwen3_30b_a3b-fsdp8_ep8")
+    assert "ici_context_parallelism" not in q["maxtext_mesh"] and mod.point_layout(q) == {"fsdp": 8, "ep": 8}
