@@ -99,6 +99,11 @@ def mesh_defaults() -> ml_collections.ConfigDict:
     m.attention_chunk = 0              # CP attention: local queries in chunks of this many, each rematerialized (0 = one block)
     m.ep_capacity_factor = 0.0         # EP all-to-all rows per peer = factor * local assignments / EP size (0 = dropless worst case)
     m.ep_token_chunks = 1              # EP: dispatch the local tokens in this many chunks, each rematerialized (capacity per chunk)
+    # EP exchange: "capacity" sends factor * A / W rows to every peer (padded; an assignment past
+    # its peer's share is dropped; MXFP8 rows when model.quant is set); "ragged" sends only the
+    # routed rows (ragged all-to-all) into receive buffers of factor * A rows (0: A * W, dropless),
+    # dropping only what overflows a receiver; rows travel in the model dtype
+    m.ep_exchange = "capacity"
     # logical axis name -> mesh axes (None = replicated); used for params and activations
     m.rules = (
         ("batch", ("data", "fsdp", "expert")),
@@ -401,6 +406,8 @@ def mesh_shape(mesh_cfg: ml_collections.ConfigDict, num_devices: int) -> tuple[i
 def validate_mesh(mesh_cfg: ml_collections.ConfigDict, model_cfg, num_devices: int | None) -> None:
     """Check mesh axes, rules and (when num_devices is given) shape against the model."""
     _check_types("mesh", mesh_cfg, mesh_defaults())
+    if "ep_exchange" in mesh_cfg:
+        _choice("mesh", "ep_exchange", mesh_cfg.ep_exchange, ("capacity", "ragged"))
     axes = set(mesh_cfg.axes)
     for rule in mesh_cfg.rules:
         if len(rule) != 2:

@@ -138,6 +138,11 @@ def test_unknown_mesh_axis_in_rules():
         validate(cfg)
 
 
+def test_ep_exchange_choice():
+    raises_naming("mesh.ep_exchange", validate, cfg_with({"mesh.ep_exchange": "sparse"}))
+    validate(cfg_with({"mesh.ep_exchange": "ragged"}))
+
+
 # ----------------------------------------------------------------------------- train rules
 
 

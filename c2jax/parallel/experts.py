@@ -14,6 +14,9 @@ Per MoE layer, on every device (T local tokens, K experts each, A = T*K assignme
  3. run the local experts (sorted grouped matmul, the same gmm as the single-device path);
  4. all-to-all the outputs back in the model dtype (bf16 in production), weight and sum the k
     results in float32 and cast back.
+With mesh.ep_exchange = "ragged", steps 1-4 send only the routed rows instead (c2jax.parallel.ragged:
+a ragged all-to-all into receive buffers of ep_capacity_factor x A rows, A x W when 0, dropless;
+an assignment is dropped only when its receiver's buffer is full), and rows travel unquantized.
 With mesh.ep_token_chunks = n > 1 the local tokens go through 1-4 in n chunks one after another
 (capacity per chunk), each rematerialized in the backward pass, so the [W * cap, D] buffers
 shrink n-fold. Expert weights FSDP-sharded over other axes (the `expert_embed` rule) are
@@ -41,6 +44,8 @@ from c2jax.parallel.mesh import (
     spec_entry,
 )
 from c2jax.ops.experts_xla import combine_rows, expert_ffn, inverse_permutation, rows_of_tokens
+from c2jax.ops.target import current_target
+from c2jax.parallel.ragged import exchange, ragged_plan
 
 
 def ep_axes() -> tuple:
@@ -132,10 +137,34 @@ def expert_parallel_dispatch(x_BLD, ids_BLK, weights_BLK, w_gate, w_up, w_down, 
     W = axes_size(axes)
     factor = float(parallel_setting("ep_capacity_factor", 0.0))
     chunks = int(parallel_setting("ep_token_chunks", 1))
+    ragged = parallel_setting("ep_exchange", "capacity") == "ragged"
+    dense = current_target().platform == "cpu"      # XLA:CPU has no ragged all-to-all
     e_local = E // W
     dt = x_BLD.dtype
 
+    def one_ragged(x_TD, ids_TK, wts_TK, wg, wu, wd):
+        T = x_TD.shape[0]
+        A = T * K
+        R = A * W if factor <= 0 else min(A * W, max(1, math.ceil(factor * A)))   # receive rows
+        flat = ids_TK.reshape(A).astype(jnp.int32)
+        dest = flat // e_local
+        order = jnp.argsort(dest, stable=True)        # send rows in peer order
+        inv = inverse_permutation(order)
+        plan = ragged_plan(jnp.bincount(dest, length=W), R, axes)
+        rank_sorted = jnp.arange(A, dtype=jnp.int32) - plan.in_off[dest[order]]
+        kept_sorted = rank_sorted < plan.send[dest[order]]    # rows past a receiver's R are dropped
+        send_x = rows_of_tokens(x_TD, order // K, inv.reshape(T, K))
+        recv_x = exchange(send_x.astype(dt), jnp.zeros((R, D), dt), plan, axes, dense=dense)
+        recv_e = exchange((flat % e_local)[order], jnp.full((R,), e_local, jnp.int32), plan, axes, dense=dense)
+        y_R = _local_experts(recv_x, recv_e, wg, wu, wd, gmm).astype(dt)
+        back = exchange(y_R, jnp.zeros((A, D), dt), plan, axes, back=True, dense=dense)
+        row_TK = jnp.where(kept_sorted[inv], inv, A).reshape(T, K)      # A: dropped
+        y = combine_rows(back, wts_TK, row_TK, jnp.where(kept_sorted, order, A))
+        return y.astype(dt), jnp.mean((~kept_sorted).astype(jnp.float32))
+
     def one(x_TD, ids_TK, wts_TK, wg, wu, wd):
+        if ragged:
+            return one_ragged(x_TD, ids_TK, wts_TK, wg, wu, wd)
         T = x_TD.shape[0]
         A = T * K
         cap = A if factor <= 0 else min(A, max(1, math.ceil(factor * A / W)))

@@ -109,6 +109,13 @@ POINTS = {
     "qwen3_30b_a3b-fsdp64-head_chunks8": dict(model="qwen3_30b_a3b", topology="v5p:4x4x4", fsdp=64, ep=1, batch=64,
                                               seq=4096, c2jax_extra={"head_chunks": 8}),
     "qwen3_30b_a3b-fsdp8_ep8": dict(model="qwen3_30b_a3b", topology="v5p:4x4x4", fsdp=8, ep=8, batch=64, seq=4096),
+    # the same with c2jax's ragged EP exchange: dropless like MaxText's (receive buffers for the worst
+    # case), and with receive buffers of 2x the local assignments (drops only past a receiver's 2x)
+    "qwen3_30b_a3b-fsdp8_ep8-ragged": dict(model="qwen3_30b_a3b", topology="v5p:4x4x4", fsdp=8, ep=8, batch=64,
+                                           seq=4096, c2jax_mesh_extra={"ep_exchange": "ragged",
+                                                                       "ep_capacity_factor": 0.0}),
+    "qwen3_30b_a3b-fsdp8_ep8-ragged2": dict(model="qwen3_30b_a3b", topology="v5p:4x4x4", fsdp=8, ep=8, batch=64,
+                                            seq=4096, c2jax_mesh_extra={"ep_exchange": "ragged"}),
     # v5p-512 (256 chips): 671B x 16 B of f32 state + grads = 10.7 TB, 42 GB per chip
     "deepseek_v3_671b-fsdp32_ep8": dict(model="deepseek_v3_671b", topology="v5p:4x8x8", fsdp=32, ep=8, batch=256,
                                         seq=4096, layers=(4, 6)),
@@ -187,6 +194,8 @@ def c2jax_config(p: dict, layers: int | None, unrolled: bool):
         rules["heads"] = rules["embed"]
     cfg.mesh.rules = tuple((n, rules.get(n, t)) for n, t in cfg.mesh.rules)
     cfg.mesh.ep_capacity_factor = 2.0
+    for k, v in p.get("c2jax_mesh_extra", {}).items():
+        cfg.mesh[k] = v
     cfg.train.batch_size, cfg.train.seq_len, cfg.train.grad_accum = p["batch"], p["seq"], 1
     return cfg
 
@@ -458,6 +467,10 @@ def layout_notes(p: dict) -> list[str]:
         notes.append("c2jax's model.num_mtp_layers set to 0 (MaxText's config has mtp_num_layers 0).")
     if p.get("c2jax_extra"):
         notes.append(f"c2jax model options beyond the defaults: {p['c2jax_extra']}.")
+    if p.get("c2jax_mesh_extra"):
+        notes.append(f"c2jax mesh options beyond the point's layout: {p['c2jax_mesh_extra']} (mesh.ep_exchange "
+                     "'ragged': only the routed rows sent, receive buffers of ep_capacity_factor x the local "
+                     "assignments, 0 = the worst case, dropless).")
     if p["model"] == "tiny":
         notes.append("tiny: a toy Qwen3-MoE shape; MaxText's side (if run) is qwen3-30b-a3b overridden to "
                      "the same dims.")

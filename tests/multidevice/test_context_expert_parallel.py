@@ -121,6 +121,75 @@ def test_parallel_matches_single_device(attention, shape, cp_impl, experts, expe
     assert moe["router"].spec[1] == (fsdp_axes if len(fsdp_axes) > 1 else fsdp_axes[0])  # [layers, D, E]
 
 
+RAGGED_CASES = [
+    ("mla", (2, 1, 2, 2), "allgather", ("data", "context", "expert"), None, 1),   # EP 8, every device
+    ("mla", (1, 2, 2, 2), "allgather", ("context", "expert"), "fsdp", 2),       # EP 4, FSDP experts, 2 chunks
+]
+
+
+@pytest.mark.parametrize("attention,shape,cp_impl,experts,expert_embed,ep_chunks", RAGGED_CASES)
+def test_ragged_exchange_matches_single_device(attention, shape, cp_impl, experts, expert_embed, ep_chunks):
+    """mesh.ep_exchange="ragged" (only the routed rows sent; on CPU the dense form of the same
+    plan), dropless: logits, loss and gradients equal the single-device step's."""
+    params, (ref_logits, ref_loss, ref_grads) = _reference(attention)
+    cfg = _cfg(attention, shape, cp_impl, experts, expert_embed)
+    cfg.mesh.ep_token_chunks = ep_chunks
+    cfg.mesh.ep_exchange = "ragged"
+    mesh = make_mesh(cfg)
+    cp = mesh.shape["context"]
+    batch = zigzag_permute(_batch(cfg), cp)
+    with activate(cfg, mesh):
+        sharded = jax.device_put(params, param_shardings(cfg, mesh))
+        fn = jax.jit(functools.partial(_loss_logits_grads, cfg))
+        logits, loss, grads = fn(sharded, batch)
+        hlo = fn.lower(sharded, batch).as_text()
+    assert "all_to_all" in hlo and "ragged_all_to_all" not in hlo    # the CPU form
+    assert _rel_err(zigzag_unpermute(logits, cp), ref_logits) <= 1e-5
+    assert _rel_err(loss, ref_loss) <= 1e-5
+    worst = max(jax.tree.leaves(jax.tree.map(_rel_err, grads, ref_grads)))
+    assert worst <= 1e-5
+
+
+def test_ragged_plan_drops_only_what_overflows_a_receiver():
+    """The plan on 8 devices against a numpy model: receivers store senders' rows in rank order
+    and keep the first R; each sender's kept counts and every offset follow from that."""
+    from jax.sharding import PartitionSpec as P
+    from c2jax.parallel.ragged import exchange, ragged_plan
+    W, R = 8, 12
+    rng = np.random.default_rng(5)
+    S = rng.integers(0, 5, (W, W)).astype(np.int32)            # S[p, q]: rows p sends to q
+    S[:, 3] = 4                                                # receiver 3 gets 32 rows: 20 overflow
+    mesh = jax.make_mesh((W,), ("x",))
+    M = int(S.sum(1).max())
+    rows = np.full((W, M, 2), -1.0, np.float32)
+    for p in range(W):                                         # row = (sender, receiver) tags
+        q_of = np.repeat(np.arange(W), S[p])
+        rows[p, :len(q_of)] = np.stack([np.full(len(q_of), p), q_of], 1)
+
+    def body(sizes, x):
+        plan = ragged_plan(sizes[0], R, "x")
+        got = exchange(x[0], jnp.full((R, 2), -1.0), plan, "x", dense=True)
+        back = exchange(got, jnp.full((M, 2), -7.0), plan, "x", back=True, dense=True)
+        return tuple(a[None] for a in (plan.send, plan.recv, got, back))
+
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P("x"), P("x")), out_specs=P("x")))
+    put = lambda a: jax.device_put(jnp.asarray(a), jax.sharding.NamedSharding(mesh, P("x")))  # noqa: E731
+    send, recv, got, back = (np.asarray(a) for a in f(put(S), put(rows)))
+    for q in range(W):
+        before = np.cumsum(S[:, q]) - S[:, q]
+        kept = np.clip(R - before, 0, S[:, q])
+        np.testing.assert_array_equal(recv[q], kept)
+        np.testing.assert_array_equal(send[:, q], kept)
+        want = np.concatenate([np.tile([p, q], (k, 1)) for p, k in enumerate(kept)] or [np.zeros((0, 2))])
+        np.testing.assert_array_equal(got[q, :len(want)], want)
+        assert (got[q, len(want):] == -1).all()                # unwritten rows keep the output's value
+    for p in range(W):                                         # kept rows come back in place
+        start = np.cumsum(S[p]) - S[p]
+        for q in range(W):
+            seg = back[p, start[q]:start[q] + S[p, q]]
+            assert (seg[:send[p, q]] == [p, q]).all() and (seg[send[p, q]:] == -7).all()
+
+
 @pytest.mark.parametrize("attention", ["gqa", "mla"])
 def test_context_attention_runs_the_chosen_local_kernel(attention):
     """Under CP each rank attends the gathered keys with the implementation c2jax.ops chose: the

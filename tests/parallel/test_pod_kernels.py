@@ -66,3 +66,19 @@ def test_sampler_decode_chunk_runs_the_mosaic_kernels(devices, attention, quant)
         want["_mla_decode_kernel"] = 2
         assert set(kernels["mla_cache_attention"]) == {"pallas"}
     assert cc.mosaic_kernels(text) == want
+
+
+def test_ragged_ep_exchange_compiles_to_tpu_ragged_all_to_all(devices):
+    """mesh.ep_exchange="ragged" on TPU: the EP exchange is XLA's ragged all-to-all (rows out,
+    expert ids out, results back, and their transposes in the backward pass), not the dense
+    all_to_all the CPU form uses, and the grouped matmuls still run."""
+    cfg = load_config_file(f"{CONFIG}:gqa")
+    cfg.mesh.ep_exchange = "ragged"
+    mesh = make_mesh(cfg, devices)
+    state = cc.abstract_train_state(cfg, mesh)
+    lowered = cc.compile_train_step(cfg, mesh, state)
+    text = lowered.as_text()
+    assert cc.mosaic_kernels(text) == {**FLASH, **_gmm("none", 6, 3)}
+    # forward: rows out, expert ids out, results back; backward: the two row exchanges transposed
+    assert text.count("ragged_all_to_all") == 5
+    assert "ragged-all-to-all-start" in lowered.compile().as_text()   # TPU runs it as an async collective
