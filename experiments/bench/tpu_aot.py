@@ -133,8 +133,8 @@ COMMON_DIFFERENCES = [
     "MoE dispatch: c2jax sorts token copies by expert and runs the Pallas grouped matmul (gmm/tgmm) "
     "dropless on each chip's tokens; MaxText (sparse_matmul + megablox) does the same with its own "
     "megablox kernels. With EP, c2jax exchanges fixed-size rows per peer (mesh.ep_capacity_factor 2.0: "
-    "tokens past 2x the mean load per peer are dropped), MaxText a ragged all-to-all (dropless): the "
-    "two EP programs move different byte counts.",
+    "tokens past 2x the mean load per peer are dropped) unless a point sets mesh.ep_exchange 'ragged' "
+    "(the -ragged points), MaxText a ragged all-to-all (dropless).",
     "Attention: c2jax's own Pallas flash kernels (pallas_kernels/flash_attention: forward, dK/dV, dQ); "
     "MaxText's splash attention (jax's, attention=flash).",
     "Kernel cost estimates: c2jax's kernels hand XLA their matmul FLOPs and operand bytes "
