@@ -37,6 +37,14 @@ def report(tmp_path_factory):
     return r
 
 
+def _module():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("tpu_aot", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def test_point_fields(report):
     assert report["point"] == "tiny" and report["topology"] == "v5p:2x2x1" and report["chips"] == 4
     assert report["model_flops_per_step"] > 0 and report["model_flops_per_chip"] > 0
@@ -86,10 +94,7 @@ def test_extrapolation_arithmetic(report):
 
 
 def test_missing_maxtext_venv_is_recorded_not_raised(monkeypatch, tmp_path):
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("tpu_aot", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _module()
     monkeypatch.setattr(mod, "MAXTEXT_PY", str(tmp_path / "no-venv" / "python"))
     p = mod.point_spec("tiny")
     side = mod.maxtext_side(p, [("L2", 2, True)], str(tmp_path), "x", 10)
@@ -102,14 +107,6 @@ def test_missing_maxtext_venv_is_recorded_not_raised(monkeypatch, tmp_path):
     assert ov["ici_fsdp_parallelism"] == "2" and ov["ici_expert_parallelism"] == "2"
     assert (ov["remat_policy"], ov["weight_dtype"], ov["dtype"], ov["scan_layers"]) == (
         "full", "float32", "bfloat16", "false")
-
-
-def _module():
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("tpu_aot", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_maxtext_side_reused_only_from_the_same_programs(tmp_path):

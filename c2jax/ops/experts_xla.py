@@ -261,7 +261,7 @@ def capacity_dispatch(x_TD, ids_TK, weights_TK, w_gate, w_up, w_down, cap: int):
     gate = jnp.einsum("ecd,edf->ecf", x_ECD, w_gate)
     up = jnp.einsum("ecd,edf->ecf", x_ECD, w_up)
     y_ECD = jnp.einsum("ecf,efd->ecd", nn.silu(gate) * up, w_down)
-    y_TKD = (_pad_row(y_ECD.reshape(E * cap, -1))[slot_A] * keep_A[:, None]).reshape(T, K, -1)
+    y_TKD = _take_rows(y_ECD.reshape(E * cap, -1), slot_A).reshape(T, K, -1)   # slot E*cap (dropped): 0
     out = jnp.einsum("tkd,tk->td", y_TKD.astype(jnp.float32), weights_TK.astype(jnp.float32))
     dropped = jnp.mean((~keep_A).astype(jnp.float32))  # exactly 0 when nothing is dropped
     return out.astype(x_TD.dtype), dropped
@@ -301,10 +301,6 @@ def block_dispatch(x_TD, ids_TK, weights_TK, w_gate, w_up, w_down, cap, block=No
     return out.astype(x_TD.dtype), dropped
 
 
-def _pad_row(a_ND):
-    return jnp.concatenate([a_ND, jnp.zeros((1,) + a_ND.shape[1:], a_ND.dtype)])
-
-
 # Token rows <-> expert rows. Each kept assignment (t, k) is one row r: row_TK[t, k] = r and
 # src_R[r] = t (src T and row R mean none). Both directions are gathers, so each backward is the
 # other gather (autodiff would scatter-add into a zero-filled buffer instead). Out-of-range
@@ -319,16 +315,16 @@ def rows_of_tokens(x_TD, src_R, row_TK):
     return _take_rows(x_TD, src_R)
 
 
-def rows_of_tokens_fwd(x_TD, src_R, row_TK):
+def _rows_of_tokens_fwd(x_TD, src_R, row_TK):
     return rows_of_tokens(x_TD, src_R, row_TK), (src_R, row_TK)
 
 
-def rows_of_tokens_bwd(res, dx_RD):
+def _rows_of_tokens_bwd(res, dx_RD):
     src_R, row_TK = res
     return jnp.sum(_take_rows(dx_RD, row_TK), axis=1), None, None
 
 
-rows_of_tokens.defvjp(rows_of_tokens_fwd, rows_of_tokens_bwd)
+rows_of_tokens.defvjp(_rows_of_tokens_fwd, _rows_of_tokens_bwd)
 
 
 @jax.custom_vjp
@@ -340,11 +336,11 @@ def combine_rows(y_RD, weights_TK, row_TK, asg_R):
     return jnp.sum(y_TKD * weights_TK.astype(jnp.float32)[:, :, None], axis=1)
 
 
-def combine_rows_fwd(y_RD, weights_TK, row_TK, asg_R):
+def _combine_rows_fwd(y_RD, weights_TK, row_TK, asg_R):
     return combine_rows(y_RD, weights_TK, row_TK, asg_R), (y_RD, weights_TK, row_TK, asg_R)
 
 
-def combine_rows_bwd(res, dout_TD):
+def _combine_rows_bwd(res, dout_TD):
     y_RD, weights_TK, row_TK, asg_R = res
     K = row_TK.shape[1]
     dout_TD = dout_TD.astype(jnp.float32)
@@ -355,7 +351,7 @@ def combine_rows_bwd(res, dout_TD):
     return dy_RD.astype(y_RD.dtype), dw_TK.astype(weights_TK.dtype), None, None
 
 
-combine_rows.defvjp(combine_rows_fwd, combine_rows_bwd)
+combine_rows.defvjp(_combine_rows_fwd, _combine_rows_bwd)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(6,))

@@ -44,7 +44,6 @@ from c2jax.parallel.mesh import (
     spec_entry,
 )
 from c2jax.ops.experts_xla import combine_rows, expert_ffn, inverse_permutation, rows_of_tokens
-from c2jax.ops.target import current_target
 from c2jax.parallel.ragged import exchange, ragged_plan
 
 
@@ -138,7 +137,6 @@ def expert_parallel_dispatch(x_BLD, ids_BLK, weights_BLK, w_gate, w_up, w_down, 
     factor = float(parallel_setting("ep_capacity_factor", 0.0))
     chunks = int(parallel_setting("ep_token_chunks", 1))
     ragged = parallel_setting("ep_exchange", "capacity") == "ragged"
-    dense = current_target().platform == "cpu"      # XLA:CPU has no ragged all-to-all
     e_local = E // W
     dt = x_BLD.dtype
 
@@ -150,14 +148,15 @@ def expert_parallel_dispatch(x_BLD, ids_BLK, weights_BLK, w_gate, w_up, w_down, 
         dest = flat // e_local
         order = jnp.argsort(dest, stable=True)        # send rows in peer order
         inv = inverse_permutation(order)
+        dest_sorted = dest[order]
         plan = ragged_plan(jnp.bincount(dest, length=W), R, axes)
-        rank_sorted = jnp.arange(A, dtype=jnp.int32) - plan.in_off[dest[order]]
-        kept_sorted = rank_sorted < plan.send[dest[order]]    # rows past a receiver's R are dropped
+        rank_sorted = jnp.arange(A, dtype=jnp.int32) - plan.in_off[dest_sorted]
+        kept_sorted = rank_sorted < plan.send[dest_sorted]    # rows past a receiver's R are dropped
         send_x = rows_of_tokens(x_TD, order // K, inv.reshape(T, K))
-        recv_x = exchange(send_x.astype(dt), jnp.zeros((R, D), dt), plan, axes, dense=dense)
-        recv_e = exchange((flat % e_local)[order], jnp.full((R,), e_local, jnp.int32), plan, axes, dense=dense)
+        recv_x = exchange(send_x, jnp.zeros((R, D), dt), plan, axes)
+        recv_e = exchange((flat % e_local)[order], jnp.full((R,), e_local, jnp.int32), plan, axes)
         y_R = _local_experts(recv_x, recv_e, wg, wu, wd, gmm).astype(dt)
-        back = exchange(y_R, jnp.zeros((A, D), dt), plan, axes, back=True, dense=dense)
+        back = exchange(y_R, jnp.zeros((A, D), dt), plan, axes, back=True)
         row_TK = jnp.where(kept_sorted[inv], inv, A).reshape(T, K)      # A: dropped
         y = combine_rows(back, wts_TK, row_TK, jnp.where(kept_sorted, order, A))
         return y.astype(dt), jnp.mean((~kept_sorted).astype(jnp.float32))
@@ -181,7 +180,7 @@ def expert_parallel_dispatch(x_BLD, ids_BLK, weights_BLK, w_gate, w_up, w_down, 
         asg = jnp.full((W * cap + 1,), A, jnp.int32).at[slot].set(jnp.arange(A, dtype=jnp.int32))[: W * cap]
         row_TK = slot.reshape(T, K)
         send_x = rows_of_tokens(x_TD, asg // K, row_TK)
-        send_e = jnp.full((W * cap + 1,), e_local, jnp.int32).at[slot].set(flat % e_local)[: W * cap]
+        send_e = jnp.take(flat % e_local, asg, mode="fill", fill_value=e_local)   # e_local: an empty row
         recv_x = _quantized_all_to_all(send_x, axes, quant, dt)
         recv_e = jax.lax.all_to_all(send_e, axes, 0, 0, tiled=True)
         y_R = _local_experts(recv_x, recv_e, wg, wu, wd, gmm).astype(dt)   # combine dtype

@@ -92,21 +92,33 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("attention,shape,cp_impl,experts,expert_embed,ep_chunks",
-                         [c + (None, 1)[len(c) - 4:] for c in CASES])
-def test_parallel_matches_single_device(attention, shape, cp_impl, experts, expert_embed, ep_chunks):
+# mesh.ep_exchange="ragged" (only the routed rows sent; on CPU the dense form of the same plan), dropless
+RAGGED_CASES = [
+    ("mla", (2, 1, 2, 2), "allgather", ("data", "context", "expert"), None, 1),   # EP 8, every device
+    ("mla", (1, 2, 2, 2), "allgather", ("context", "expert"), "fsdp", 2),       # EP 4, FSDP experts, 2 chunks
+]
+
+
+@pytest.mark.parametrize("attention,shape,cp_impl,experts,expert_embed,ep_chunks,ep_exchange",
+                         [c + (None, 1)[len(c) - 4:] + ("capacity",) for c in CASES]
+                         + [c + ("ragged",) for c in RAGGED_CASES])
+def test_parallel_matches_single_device(attention, shape, cp_impl, experts, expert_embed, ep_chunks, ep_exchange):
     assert jax.device_count() == 8
     params, (ref_logits, ref_loss, ref_grads) = _reference(attention)
     cfg = _cfg(attention, shape, cp_impl, experts, expert_embed)
     cfg.mesh.ep_token_chunks = ep_chunks
+    cfg.mesh.ep_exchange = ep_exchange
     mesh = make_mesh(cfg)
     cp = mesh.shape["context"]
     batch = zigzag_permute(_batch(cfg), cp)
     with activate(cfg, mesh), record_choices() as ran:
         shardings = param_shardings(cfg, mesh)
         sharded = jax.device_put(params, shardings)
-        logits, loss, grads = jax.jit(functools.partial(_loss_logits_grads, cfg))(sharded, batch)
+        fn = jax.jit(functools.partial(_loss_logits_grads, cfg))
+        logits, loss, grads = fn(sharded, batch)
+        text = fn.lower(sharded, batch).as_text()
     assert set(ran["attention"]) == {"xla_blocked"}    # CP ranks' local attention: XLA on CPU
+    assert "all_to_all" in text and "ragged_all_to_all" not in text   # XLA:CPU: dense exchanges only
     assert _rel_err(zigzag_unpermute(logits, cp), ref_logits) <= 1e-5
     assert _rel_err(loss, ref_loss) <= 1e-5
     errs = jax.tree.map(_rel_err, grads, ref_grads)
@@ -119,35 +131,6 @@ def test_parallel_matches_single_device(attention, shape, cp_impl, experts, expe
     assert moe["w_gate"].spec[2] == expert_embed and moe["w_down"].spec[3] == expert_embed
     fsdp_axes = tuple(a for a in ("fsdp", "context") if mesh.shape[a] > 1)
     assert moe["router"].spec[1] == (fsdp_axes if len(fsdp_axes) > 1 else fsdp_axes[0])  # [layers, D, E]
-
-
-RAGGED_CASES = [
-    ("mla", (2, 1, 2, 2), "allgather", ("data", "context", "expert"), None, 1),   # EP 8, every device
-    ("mla", (1, 2, 2, 2), "allgather", ("context", "expert"), "fsdp", 2),       # EP 4, FSDP experts, 2 chunks
-]
-
-
-@pytest.mark.parametrize("attention,shape,cp_impl,experts,expert_embed,ep_chunks", RAGGED_CASES)
-def test_ragged_exchange_matches_single_device(attention, shape, cp_impl, experts, expert_embed, ep_chunks):
-    """mesh.ep_exchange="ragged" (only the routed rows sent; on CPU the dense form of the same
-    plan), dropless: logits, loss and gradients equal the single-device step's."""
-    params, (ref_logits, ref_loss, ref_grads) = _reference(attention)
-    cfg = _cfg(attention, shape, cp_impl, experts, expert_embed)
-    cfg.mesh.ep_token_chunks = ep_chunks
-    cfg.mesh.ep_exchange = "ragged"
-    mesh = make_mesh(cfg)
-    cp = mesh.shape["context"]
-    batch = zigzag_permute(_batch(cfg), cp)
-    with activate(cfg, mesh):
-        sharded = jax.device_put(params, param_shardings(cfg, mesh))
-        fn = jax.jit(functools.partial(_loss_logits_grads, cfg))
-        logits, loss, grads = fn(sharded, batch)
-        hlo = fn.lower(sharded, batch).as_text()
-    assert "all_to_all" in hlo and "ragged_all_to_all" not in hlo    # the CPU form
-    assert _rel_err(zigzag_unpermute(logits, cp), ref_logits) <= 1e-5
-    assert _rel_err(loss, ref_loss) <= 1e-5
-    worst = max(jax.tree.leaves(jax.tree.map(_rel_err, grads, ref_grads)))
-    assert worst <= 1e-5
 
 
 def test_ragged_plan_drops_only_what_overflows_a_receiver():
