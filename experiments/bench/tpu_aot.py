@@ -579,7 +579,8 @@ def _f(x, fmt="{:.3g}"):
 
 def markdown(r: dict) -> str:
     lines = [f"# {r['point']}: {r['model']} on {r['topology']} ({r['chips']} x {r['chip']}), "
-             f"batch {r['global_batch']} x {r['seq_len']}, FSDP {r['layout']['fsdp']} x EP {r['layout']['ep']}",
+             f"batch {r['global_batch']} x {r['seq_len']}, "
+             + " x ".join(f"{k.upper()} {v}" for k, v in r["layout"].items()),
              "", f"{r['date']}; `{r['command']}`", "",
              f"Model: {r['params_total'] / 1e9:.4g}B params, {r['params_active'] / 1e9:.4g}B active, "
              f"{r['layers']} layers; model FLOPs {r['model_flops_per_step']:.3e} per step "
