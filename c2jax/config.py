@@ -104,14 +104,18 @@ def mesh_defaults() -> ml_collections.ConfigDict:
     # routed rows (ragged all-to-all) into receive buffers of factor * A rows (0: A * W, dropless),
     # dropping only what overflows a receiver; rows travel in the model dtype
     m.ep_exchange = "capacity"
-    # logical axis name -> mesh axes (None = replicated); used for params and activations
+    # logical axis name -> mesh axes (None = replicated); used for params and activations.
+    # Expert weights [E, D, F]: E over `experts` (the EP group) then `expert_fsdp`, D over
+    # `expert_embed`, F over `expert_mlp`; the last three are FSDP storage, gathered inside the MoE.
+    # FSDP on E (`expert_fsdp`) keeps every local block's minor dim whole (D / n would be padded
+    # to the TPU's 128-lane tiles once it is under 128 wide)
     m.rules = (
         ("batch", ("data", "fsdp", "expert")),
         ("length", "context"),
         ("embed", "fsdp"),
         ("heads", None), ("kv_heads", None), ("head_dim", None), ("kv_latent", None),
         ("q_latent", None), ("mlp", None), ("vocab", None), ("layers", None),
-        ("experts", "expert"), ("expert_embed", None), ("expert_mlp", None),
+        ("experts", "expert"), ("expert_fsdp", None), ("expert_embed", None), ("expert_mlp", None),
     )
     return m
 
@@ -412,6 +416,9 @@ def validate_mesh(mesh_cfg: ml_collections.ConfigDict, model_cfg, num_devices: i
     for rule in mesh_cfg.rules:
         if len(rule) != 2:
             raise ConfigError(f"mesh.rules entry {rule!r} must be (logical_name, mesh_axes)")
+        if rule[0] == "expert_weights":
+            raise ConfigError("mesh.rules may not name 'expert_weights': it is derived from the 'experts' "
+                              "(EP group) and 'expert_fsdp' rules; set those instead")
         targets = rule[1] if isinstance(rule[1], (tuple, list)) else (rule[1],)
         for t in targets:
             if t is not None and t not in axes:

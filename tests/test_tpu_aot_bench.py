@@ -151,3 +151,18 @@ def test_cp_layout_is_the_same_mesh_on_both_sides():
     # a layout without CP keeps MaxText's context axis unset and the report's layout without "cp"
     q = mod.point_spec("qwen3_30b_a3b-fsdp8_ep8")
     assert "ici_context_parallelism" not in q["maxtext_mesh"] and mod.point_layout(q) == {"fsdp": 8, "ep": 8}
+
+
+def test_fsdp_layout_splits_the_expert_weights_on_their_expert_dim():
+    """The FSDP point stores whole experts per chip (mesh rule expert_fsdp -> fsdp): every expert
+    weight's [E, ., .] dim over the 64 chips, the others whole, so no block's minor dim is split."""
+    import jax
+    mod = _module()
+    p = mod.point_spec("qwen3_30b_a3b-fsdp64")
+    cfg = mod.c2jax_config(p, 2, True)
+    from c2jax.models.transformer import logical_axes
+    from c2jax.parallel.mesh import logical_to_mesh_spec
+    mesh = jax.sharding.AbstractMesh((1, 64, 1, 1), tuple(cfg.mesh.axes))
+    moe = logical_axes(cfg)["moe_layers"]["block"]["moe"]
+    for name in ("w_gate", "w_up", "w_down"):
+        assert tuple(logical_to_mesh_spec(moe[name], cfg, mesh)) == (None, "fsdp", None, None), name

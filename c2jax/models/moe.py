@@ -169,10 +169,10 @@ class MoE(nn.Module):
         D = x_TD.shape[-1]
         E, K, F = m.num_experts, m.num_experts_per_tok, m.moe_intermediate_size
         init = nn.initializers.normal(m.init_std)
-        axes = ("experts", "expert_embed", "expert_mlp")
+        axes = ("expert_weights", "expert_embed", "expert_mlp")
         w_gate = _expert_weight(self, "w_gate", init, axes, (E, D, F), pdt, dt)
         w_up = _expert_weight(self, "w_up", init, axes, (E, D, F), pdt, dt)
-        w_down = _expert_weight(self, "w_down", init, ("experts", "expert_mlp", "expert_embed"), (E, F, D), pdt, dt)
+        w_down = _expert_weight(self, "w_down", init, ("expert_weights", "expert_mlp", "expert_embed"), (E, F, D), pdt, dt)
         y_BLD, dropped = experts_ops.experts(kernels_of(m), x_TD.reshape(B, L, D),
                                              ids_TK.reshape(B, L, K), weights_TK.reshape(B, L, K), w_gate, w_up,
                                              w_down, quant=m.quant, capacity_factor=capacity_factor_of(m),

@@ -19,7 +19,7 @@ a ragged all-to-all into receive buffers of ep_capacity_factor x A rows, A x W w
 an assignment is dropped only when its receiver's buffer is full), and rows travel unquantized.
 With mesh.ep_token_chunks = n > 1 the local tokens go through 1-4 in n chunks one after another
 (capacity per chunk), each rematerialized in the backward pass, so the [W * cap, D] buffers
-shrink n-fold. Expert weights FSDP-sharded over other axes (the `expert_embed` rule) are
+shrink n-fold. Expert weights FSDP-sharded over other axes (the `expert_fsdp`, `expert_embed` rules) are
 all-gathered inside the shard_map, so their gradients leave it reduce-scattered.
 
 Letters: B batch, L length, D model width, K experts per token, F expert width, E experts,
@@ -226,26 +226,30 @@ def token_parallel_dispatch(x_BLD, ids_BLK, weights_BLK, w_gate, w_up, w_down, l
 
 def _over_token_shards(body, x_BLD, ids_BLK, weights_BLK, w_gate, w_up, w_down, expert_axes, b_axes, l_axes):
     """shard_map of body(x, ids, wts, wg, wu, wd) -> (y, dropped) over the token axes, the expert
-    weights split over `expert_axes` and their FSDP shards all-gathered inside: the backward then
-    reduce-scatters their gradients (f32 [E/W, D, F] per chip, not replicated over fsdp)."""
+    weights split over `expert_axes` and their FSDP shards (E over `expert_fsdp`, D and F over
+    `expert_embed` / `expert_mlp`) all-gathered inside: the backward then reduce-scatters their
+    gradients (f32 [E/W, D, F] per chip, not replicated over fsdp)."""
     tok = P(spec_entry(b_axes), spec_entry(l_axes), None)
-    fs = _weight_fsdp_axes(expert_axes, weight_shape(w_gate)[1:])   # (expert_embed axes, expert_mlp axes)
-    in_spec = _weight_specs(w_gate, expert_axes, fs[0], fs[1])
-    out_spec = _weight_specs(w_down, expert_axes, fs[1], fs[0])
+    fe, fd, ff = _weight_fsdp_axes(expert_axes, weight_shape(w_gate))   # FSDP axes of E, D, F
+    stored = expert_axes + fe
+    in_spec = _weight_specs(w_gate, stored, fd, ff)
+    out_spec = _weight_specs(w_down, stored, ff, fd)
 
     def fsdp_body(x, ids, wts, wg, wu, wd):
-        wg, wu = (_gather_dims(w, fs[0], fs[1]) for w in (wg, wu))
-        return body(x, ids, wts, wg, wu, _gather_dims(wd, fs[1], fs[0]))
+        wg, wu = (_gather_dims(w, fe, fd, ff) for w in (wg, wu))
+        return body(x, ids, wts, wg, wu, _gather_dims(wd, fe, ff, fd))
 
     fn = jax.shard_map(fsdp_body, in_specs=(tok, tok, tok, in_spec, in_spec, out_spec), out_specs=(tok, P()))
     return fn(x_BLD, ids_BLK, weights_BLK, w_gate, w_up, w_down)
 
 
-def _weight_fsdp_axes(ep, dims) -> tuple:
-    """Mesh axes (not in the EP group, dividing the dim) that `expert_embed` and `expert_mlp`
-    shard the expert weights' [D, F] dims over: the FSDP part of their sharding."""
+def _weight_fsdp_axes(ep, shape) -> tuple:
+    """Mesh axes (not in the EP group, dividing the dim) that `expert_fsdp`, `expert_embed` and
+    `expert_mlp` shard an [E, D, F] expert weight's dims over beyond EP: the FSDP part of its
+    sharding, claimed in that order (as the param shardings claim them)."""
+    E, D, F = shape
     out, used = [], set(ep)
-    for name, dim in zip(("expert_embed", "expert_mlp"), dims):
+    for name, dim in (("expert_fsdp", E // axes_size(ep)), ("expert_embed", D), ("expert_mlp", F)):
         cand = tuple(a for a in active_logical_axes(name) if a not in used)
         keep = divisible_axes(dim, cand)
         used.update(keep)
@@ -272,10 +276,12 @@ def _weight_specs(w, expert_axes, axes1, axes2):
     return spec(w) if hasattr(w, "ndim") else jax.tree.map(spec, w)
 
 
-def _gather_dims(w, axes1, axes2):
-    """All-gather a local [E, X, Y] weight block over axes1 (dim 1) and axes2 (dim 2) (each leaf
-    of a QuantizedExperts: a channel scale [E, Y] over axes2)."""
+def _gather_dims(w, axes0, axes1, axes2):
+    """All-gather a local [E, X, Y] weight block over axes0 (dim 0), axes1 (dim 1) and axes2
+    (dim 2) (each leaf of a QuantizedExperts: a channel scale [E, Y] over axes0 and axes2)."""
     def gather(leaf):
+        if axes0:
+            leaf = jax.lax.all_gather(leaf, axes0, axis=0, tiled=True)
         if axes1 and leaf.ndim == 3:
             leaf = jax.lax.all_gather(leaf, axes1, axis=1, tiled=True)
         if axes2:

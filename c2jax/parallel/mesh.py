@@ -1,7 +1,9 @@
 """Mesh construction from config and logical-axis sharding of params and activations.
 
 Every param and large activation carries logical axis names (batch, length, embed, heads,
-kv_latent, mlp, experts, vocab, layers, ...); `config.mesh.rules` maps them to mesh axes.
+kv_latent, mlp, experts, vocab, layers, ...); `config.mesh.rules` maps them to mesh axes. One
+name is derived, not configured: `expert_weights`, the expert weights' E dim, over the EP group
+(`experts`) and then the `expert_fsdp` axes.
 """
 from __future__ import annotations
 
@@ -53,6 +55,12 @@ def validate_layout(cfg, sizes: dict) -> None:
         if m.num_experts % ep:
             raise ConfigError(f"model.num_experts={m.num_experts} is not divisible by the expert-parallel group "
                               f"{ep_axes} of size {ep}; change mesh.shape or the 'experts' rule in mesh.rules")
+        e_fsdp = tuple(a for a in _rule_axes(cfg, "expert_fsdp") if a not in ep_axes)
+        n = int(np.prod([sizes.get(a, 1) for a in e_fsdp]))
+        if (m.num_experts // ep) % n:
+            raise ConfigError(f"model.num_experts={m.num_experts} over the expert-parallel group {ep_axes} "
+                              f"({m.num_experts // ep} per group) is not divisible by the 'expert_fsdp' axes "
+                              f"{e_fsdp} of size {n}; change mesh.shape or the 'expert_fsdp' rule in mesh.rules")
     cp = int(np.prod([sizes.get(a, 1) for a in _rule_axes(cfg, "length")]))
     if "train" in cfg:
         if cp > 1 and cfg.train.seq_len % (2 * cp):
@@ -67,8 +75,12 @@ def validate_layout(cfg, sizes: dict) -> None:
 
 
 def rules(cfg) -> tuple:
-    """The logical->mesh rules as Flax expects them (tuples of (name, axes))."""
-    return tuple((name, tuple(t) if isinstance(t, (list, tuple)) else t) for name, t in cfg.mesh.rules)
+    """The logical->mesh rules as Flax expects them (tuples of (name, axes)), plus the derived
+    `expert_weights` rule: the expert weights' E dim, over the EP group (`experts`) and then the
+    `expert_fsdp` axes."""
+    out = tuple((name, tuple(t) if isinstance(t, (list, tuple)) else t) for name, t in cfg.mesh.rules)
+    stored = tuple(dict.fromkeys(_rule_axes(cfg, "experts") + _rule_axes(cfg, "expert_fsdp")))
+    return out + (("expert_weights", stored if len(stored) > 1 else (stored[0] if stored else None)),)
 
 
 def logical_to_mesh_spec(logical_spec: PartitionSpec, cfg, mesh: Mesh) -> PartitionSpec:

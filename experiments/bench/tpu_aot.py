@@ -83,7 +83,7 @@ MODELS = {
 }
 
 # layout: (c2jax mesh.shape over (data, fsdp, context, expert), c2jax rules, MaxText ici_* settings)
-FSDP_RULES = {"embed": "fsdp", "expert_embed": "fsdp", "experts": "expert", "batch": ("data", "fsdp", "expert")}
+FSDP_RULES = {"embed": "fsdp", "expert_fsdp": "fsdp", "experts": "expert", "batch": ("data", "fsdp", "expert")}
 EP_RULES = {"embed": ("fsdp", "expert"), "expert_embed": "fsdp", "experts": "expert",
             "batch": ("data", "fsdp", "expert")}
 
@@ -125,6 +125,13 @@ POINTS = {
     # EP 8); on MaxText's axes: fsdp 4 x context 2 x expert 8
     "qwen3_30b_a3b-fsdp4_cp2_ep8": dict(model="qwen3_30b_a3b", topology="v5p:4x4x4", fsdp=4, ep=8, cp=2, batch=32,
                                         seq=32768),
+    # Kimi K2 in the report's layouts (EP x CP, 2M tokens per step, 4096 tokens per chip as above):
+    # CPT, CP 2 over 8K rows; RL, CP 8 over 32K rows. EP 8 on both sides (MaxText's EP is one mesh
+    # axis; the pod config's EP 64 over data x context x expert has no MaxText equivalent)
+    "kimi_k2_1t-fsdp32_cp2_ep8": dict(model="kimi_k2_1t", topology="v5p:8x8x8", fsdp=32, ep=8, cp=2, batch=256,
+                                      seq=8192),
+    "kimi_k2_1t-fsdp8_cp8_ep8": dict(model="kimi_k2_1t", topology="v5p:8x8x8", fsdp=8, ep=8, cp=8, batch=64,
+                                     seq=32768),
     "tiny": dict(model="tiny", topology="v5p:2x2x1", fsdp=2, ep=2, batch=8, seq=256),
 }
 
@@ -450,9 +457,12 @@ def layout_notes(p: dict) -> list[str]:
                      "context x expert and expert weights' embed over fsdp x context (both sides; context acts as "
                      "one more FSDP axis for weights), experts over expert, batch over fsdp x expert (both sides).")
     elif p["ep"] == 1:
-        notes.append(f"FSDP {p['fsdp']}: c2jax shards dense weights' embed dim and expert weights' embed dim "
-                     "over fsdp (experts unsharded, gathered per layer); MaxText the same (embed / embed_moe -> "
-                     "fsdp, exp -> expert of size 1). Same layout.")
+        notes.append(f"FSDP {p['fsdp']}: both shard dense weights' embed dim over fsdp and gather every "
+                     "expert's weights per layer. The expert weights' FSDP split differs: c2jax splits their "
+                     "expert dim over fsdp (mesh rule expert_fsdp; whole experts per chip), MaxText their embed "
+                     "dim (embed_moe -> fsdp, exp -> expert of size 1). Same bytes per chip; c2jax's keeps "
+                     "the minor dim of each block whole, where an embed split leaves it narrower than the "
+                     "TPU's 128-lane tile (padded 4x in the stacked gradient buffers).")
     else:
         notes.append(f"FSDP {p['fsdp']} x EP {p['ep']}: dense weights' embed over fsdp x expert (both sides), "
                      "experts over expert and their embed dim over fsdp (both sides), batch over fsdp x expert "

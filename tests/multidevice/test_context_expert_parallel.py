@@ -24,7 +24,7 @@ def _rule(cfg, name, value):
     cfg.mesh.rules = tuple((n, value) if n == name else (n, t) for n, t in cfg.mesh.rules)
 
 
-def _cfg(attention, shape, cp_impl="allgather", experts=("expert",), expert_embed=None):
+def _cfg(attention, shape, cp_impl="allgather", experts=("expert",), expert_embed=None, expert_fsdp=None):
     cfg = default_config()
     cfg.model.attention = attention
     cfg.model.moe_dispatch = "dropless"
@@ -34,6 +34,7 @@ def _cfg(attention, shape, cp_impl="allgather", experts=("expert",), expert_embe
     _rule(cfg, "embed", ("fsdp", "context"))      # FSDP, with the context axis folded in
     _rule(cfg, "experts", experts)
     _rule(cfg, "expert_embed", expert_embed)      # FSDP of the expert weights (gathered inside the EP shard_map)
+    _rule(cfg, "expert_fsdp", expert_fsdp)        # ... on their expert dim
     cfg.train.seq_len = L
     return cfg
 
@@ -99,13 +100,21 @@ RAGGED_CASES = [
 ]
 
 
-@pytest.mark.parametrize("attention,shape,cp_impl,experts,expert_embed,ep_chunks,ep_exchange",
-                         [c + (None, 1)[len(c) - 4:] + ("capacity",) for c in CASES]
-                         + [c + ("ragged",) for c in RAGGED_CASES])
-def test_parallel_matches_single_device(attention, shape, cp_impl, experts, expert_embed, ep_chunks, ep_exchange):
+# expert weights FSDP on their expert dim (mesh rule expert_fsdp): E over the EP group, then fsdp
+EXPERT_FSDP_CASES = [
+    ("mla", (1, 2, 2, 2), "allgather", ("context", "expert"), None, 1, "capacity", "fsdp"),   # 1 expert a chip
+    ("gqa", (2, 2, 1, 2), "allgather", ("expert",), "fsdp", 2, "ragged", ("data", "fsdp")),   # D takes what E leaves
+]
+
+
+@pytest.mark.parametrize("attention,shape,cp_impl,experts,expert_embed,ep_chunks,ep_exchange,expert_fsdp",
+                         [c + (None, 1)[len(c) - 4:] + ("capacity", None) for c in CASES]
+                         + [c + ("ragged", None) for c in RAGGED_CASES] + EXPERT_FSDP_CASES)
+def test_parallel_matches_single_device(attention, shape, cp_impl, experts, expert_embed, ep_chunks, ep_exchange,
+                                        expert_fsdp):
     assert jax.device_count() == 8
     params, (ref_logits, ref_loss, ref_grads) = _reference(attention)
-    cfg = _cfg(attention, shape, cp_impl, experts, expert_embed)
+    cfg = _cfg(attention, shape, cp_impl, experts, expert_embed, expert_fsdp)
     cfg.mesh.ep_token_chunks = ep_chunks
     cfg.mesh.ep_exchange = ep_exchange
     mesh = make_mesh(cfg)
@@ -124,11 +133,13 @@ def test_parallel_matches_single_device(attention, shape, cp_impl, experts, expe
     errs = jax.tree.map(_rel_err, grads, ref_grads)
     worst = max(jax.tree.leaves(errs))
     assert worst <= 1e-5, errs
-    # FSDP: a dense weight is sharded over fsdp x context, experts over the EP axes
+    # FSDP: a dense weight is sharded over fsdp x context, experts over the EP axes (+ expert_fsdp)
     moe = shardings["moe_layers"]["block"]["moe"]
-    ep_axes = tuple(a for a in experts if mesh.shape[a] > 1)
-    assert moe["w_gate"].spec[1] == (ep_axes if len(ep_axes) > 1 else ep_axes[0])       # [layers, E, D, F]
-    assert moe["w_gate"].spec[2] == expert_embed and moe["w_down"].spec[3] == expert_embed
+    e_fsdp = (expert_fsdp,) if isinstance(expert_fsdp, str) else tuple(expert_fsdp or ())
+    e_axes = tuple(a for a in experts + e_fsdp if mesh.shape[a] > 1)
+    d_axes = expert_embed if expert_embed not in e_fsdp else None   # an axis E took is not reused
+    assert moe["w_gate"].spec[1] == (e_axes if len(e_axes) > 1 else e_axes[0])       # [layers, E, D, F]
+    assert moe["w_gate"].spec[2] == d_axes and moe["w_down"].spec[3] == d_axes
     fsdp_axes = tuple(a for a in ("fsdp", "context") if mesh.shape[a] > 1)
     assert moe["router"].spec[1] == (fsdp_axes if len(fsdp_axes) > 1 else fsdp_axes[0])  # [layers, D, E]
 
@@ -171,6 +182,46 @@ def test_ragged_plan_drops_only_what_overflows_a_receiver():
         for q in range(W):
             seg = back[p, start[q]:start[q] + S[p, q]]
             assert (seg[:send[p, q]] == [p, q]).all() and (seg[send[p, q]:] == -7).all()
+
+
+def test_token_parallel_experts_gather_fsdp_shards_on_every_dim():
+    """The MoE path without EP (what a Mosaic expert kernel runs under FSDP: every chip runs all
+    experts on its own tokens, the weights' FSDP shards gathered inside the shard_map): with E
+    split over `expert_fsdp` and D over `expert_embed`, output and gradients equal one device's."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    from c2jax.ops import experts_xla
+    from c2jax.parallel import experts as ep
+    cfg = _cfg("gqa", (2, 4, 1, 1), expert_embed="data", expert_fsdp="fsdp")
+    Bt, Lt, D, F, E, K = 8, 6, 16, 24, 8, 2
+    ks = jax.random.split(jax.random.key(3), 6)
+    x = jax.random.normal(ks[0], (Bt, Lt, D), jnp.float32)
+    ids = jax.lax.top_k(jax.random.normal(ks[1], (Bt, Lt, E)), K)[1].astype(jnp.int32)
+    wts = jax.nn.softmax(jax.random.normal(ks[2], (Bt, Lt, K)), -1)
+    ws = [jax.random.normal(k, s, jnp.float32) * 0.2 for k, s in zip(ks[3:], ((E, D, F), (E, D, F), (E, F, D)))]
+    cot = jax.random.normal(jax.random.key(4), (Bt, Lt, D), jnp.float32)
+
+    def local(x_TD, ids_TK, wts_TK, wg, wu, wd):
+        return experts_xla.grouped_dispatch(x_TD, ids_TK, wts_TK, wg, wu, wd)
+
+    def loss(dispatch, x, wg, wu, wd):
+        return jnp.sum(dispatch(x, ids, wts, wg, wu, wd)[0] * cot)
+
+    def single(x, ids, wts, wg, wu, wd):
+        y, dropped = local(x.reshape(-1, D), ids.reshape(-1, K), wts.reshape(-1, K), wg, wu, wd)
+        return y.reshape(Bt, Lt, D), dropped
+
+    ref = jax.jit(jax.value_and_grad(functools.partial(loss, single), argnums=(0, 1, 2, 3)))(x, *ws)
+    mesh = make_mesh(cfg)
+    with activate(cfg, mesh):
+        ws_sharded = [jax.device_put(w, NamedSharding(mesh, spec)) for w, spec in
+                      zip(ws, (P("fsdp", "data", None), P("fsdp", "data", None), P("fsdp", None, "data")))]
+        fn = functools.partial(ep.token_parallel_dispatch, local_fn=local)
+        got = jax.jit(jax.value_and_grad(functools.partial(loss, fn), argnums=(0, 1, 2, 3)))(x, *ws_sharded)
+        text = jax.jit(functools.partial(loss, fn)).lower(x, *ws_sharded).as_text()
+    assert text.count("all_gather") >= 6        # each weight gathered on E (fsdp) and on D (data)
+    assert _rel_err(got[0], ref[0]) <= 1e-5
+    for g, r in zip(got[1], ref[1]):
+        assert _rel_err(g, r) <= 1e-5
 
 
 @pytest.mark.parametrize("attention", ["gqa", "mla"])
@@ -298,4 +349,12 @@ def test_bad_mesh_requests_fail_before_compiling():
     cfg = _cfg("gqa", (2, 1, 2, 2), experts=("data", "context", "expert"))
     cfg.model.num_experts = 12
     with pytest.raises(ConfigError, match="expert"):
+        make_mesh(cfg)
+    cfg = _cfg("gqa", (1, 4, 1, 2), expert_fsdp="fsdp")
+    cfg.model.num_experts = 12                           # 6 per EP rank do not split over fsdp 4
+    with pytest.raises(ConfigError, match="'expert_fsdp' axes \\('fsdp',\\) of size 4"):
+        make_mesh(cfg)
+    cfg = _cfg("gqa", (1, 4, 1, 2))
+    cfg.mesh.rules = tuple(cfg.mesh.rules) + (("expert_weights", "fsdp"),)
+    with pytest.raises(ConfigError, match="may not name 'expert_weights'"):
         make_mesh(cfg)
