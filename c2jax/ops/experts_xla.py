@@ -57,9 +57,9 @@ def grouped_dispatch(x_TD, ids_TK, weights_TK, w_gate, w_up, w_down, quant="none
     E = getattr(w_gate, "values_GKN", w_gate).shape[0]  # float or pre-quantized QuantizedExperts
     order_A, group_sizes_E = sort_assignments(ids_TK, E)
     row_TK = inverse_permutation(order_A).reshape(T, K)   # sorted row of assignment (t, k)
-    x_AD = rows_of_tokens(x_TD, order_A // K, row_TK)
+    x_AD = rows_of_tokens(x_TD, order_A // K, row_TK, True)      # permutations: every index in range
     y_AD = expert_ffn(x_AD, w_gate, w_up, w_down, group_sizes_E, gmm or grouped_matmul(quant, "xla"))
-    out = combine_rows(y_AD, weights_TK, row_TK, order_A)
+    out = combine_rows(y_AD, weights_TK, row_TK, order_A, True)
     return out.astype(x_TD.dtype), jnp.zeros((), jnp.float32)
 
 
@@ -304,50 +304,55 @@ def block_dispatch(x_TD, ids_TK, weights_TK, w_gate, w_up, w_down, cap, block=No
 # Token rows <-> expert rows. Each kept assignment (t, k) is one row r: row_TK[t, k] = r and
 # src_R[r] = t (src T and row R mean none). Both directions are gathers, so each backward is the
 # other gather (autodiff would scatter-add into a zero-filled buffer instead). Out-of-range
-# indices read zeros (fill mode): no padded copy of the operand.
-def _take_rows(a_ND, idx):
+# indices read zeros (fill mode): no padded copy of the operand. Callers whose maps are
+# permutations (dropless sorts) pass in_bounds=True: then the gathers carry no fill select,
+# which on TPU is a separate pass over the rows (the gather itself is offloaded and cannot fuse it).
+def _take_rows(a_ND, idx, in_bounds=False):
+    if in_bounds:
+        return jnp.take(a_ND, idx, axis=0, mode="clip")    # clamps the indices, not the rows
     return jnp.take(a_ND, idx, axis=0, mode="fill", fill_value=0)
 
 
-@jax.custom_vjp
-def rows_of_tokens(x_TD, src_R, row_TK):
-    """x_RD[r] = x_TD[src_R[r]] (zero where src_R = T)."""
-    return _take_rows(x_TD, src_R)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def rows_of_tokens(x_TD, src_R, row_TK, in_bounds=False):
+    """x_RD[r] = x_TD[src_R[r]] (zero where src_R = T; in_bounds: every index of src_R and
+    row_TK is in range)."""
+    return _take_rows(x_TD, src_R, in_bounds)
 
 
-def _rows_of_tokens_fwd(x_TD, src_R, row_TK):
-    return rows_of_tokens(x_TD, src_R, row_TK), (src_R, row_TK)
+def _rows_of_tokens_fwd(x_TD, src_R, row_TK, in_bounds):
+    return rows_of_tokens(x_TD, src_R, row_TK, in_bounds), (src_R, row_TK)
 
 
-def _rows_of_tokens_bwd(res, dx_RD):
+def _rows_of_tokens_bwd(in_bounds, res, dx_RD):
     src_R, row_TK = res
-    return jnp.sum(_take_rows(dx_RD, row_TK), axis=1), None, None
+    return jnp.sum(_take_rows(dx_RD, row_TK, in_bounds), axis=1), None, None
 
 
 rows_of_tokens.defvjp(_rows_of_tokens_fwd, _rows_of_tokens_bwd)
 
 
-@jax.custom_vjp
-def combine_rows(y_RD, weights_TK, row_TK, asg_R):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def combine_rows(y_RD, weights_TK, row_TK, asg_R, in_bounds=False):
     """out_TD = sum_k weights_TK[t, k] * y_RD[row_TK[t, k]], accumulated in float32 (dropped rows
     add nothing). Written as multiply + reduce, which XLA fuses with the gather and the cast, so
     no f32 [T, K, D] copy of y is made (a dot would materialize its converted operand)."""
-    y_TKD = _take_rows(y_RD, row_TK).astype(jnp.float32)
+    y_TKD = _take_rows(y_RD, row_TK, in_bounds).astype(jnp.float32)
     return jnp.sum(y_TKD * weights_TK.astype(jnp.float32)[:, :, None], axis=1)
 
 
-def _combine_rows_fwd(y_RD, weights_TK, row_TK, asg_R):
-    return combine_rows(y_RD, weights_TK, row_TK, asg_R), (y_RD, weights_TK, row_TK, asg_R)
+def _combine_rows_fwd(y_RD, weights_TK, row_TK, asg_R, in_bounds):
+    return combine_rows(y_RD, weights_TK, row_TK, asg_R, in_bounds), (y_RD, weights_TK, row_TK, asg_R)
 
 
-def _combine_rows_bwd(res, dout_TD):
+def _combine_rows_bwd(in_bounds, res, dout_TD):
     y_RD, weights_TK, row_TK, asg_R = res
     K = row_TK.shape[1]
     dout_TD = dout_TD.astype(jnp.float32)
     # row r of assignment a = t * K + k gets weights[t, k] * dout[t]; rows with no assignment get 0
-    w_A = _take_rows(weights_TK.reshape(-1).astype(jnp.float32), asg_R)
-    dy_RD = w_A[:, None] * _take_rows(dout_TD, asg_R // K)
-    dw_TK = jnp.sum(_take_rows(y_RD, row_TK).astype(jnp.float32) * dout_TD[:, None, :], axis=2)
+    w_A = _take_rows(weights_TK.reshape(-1).astype(jnp.float32), asg_R, in_bounds)
+    dy_RD = w_A[:, None] * _take_rows(dout_TD, asg_R // K, in_bounds)
+    dw_TK = jnp.sum(_take_rows(y_RD, row_TK, in_bounds).astype(jnp.float32) * dout_TD[:, None, :], axis=2)
     return dy_RD.astype(y_RD.dtype), dw_TK.astype(weights_TK.dtype), None, None
 
 
