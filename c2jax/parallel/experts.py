@@ -84,15 +84,16 @@ def _quantized_all_to_all(x_RD, axes, quant: str, out_dtype):
 
 def _local_experts(x_RD, eid_R, w_gate, w_up, w_down, gmm):
     """Rows with local expert id eid (== E_local for padding) through their expert, sorted by expert
-    for the grouped matmuls `gmm`."""
+    for the grouped matmuls `gmm`. Padding rows come out unspecified (no masking pass over the
+    rows): both exchanges leave them unread, the ragged one by not sending them, the capacity one
+    because the combine reads kept slots only, and their cotangents are zero."""
     e_local = weight_shape(w_gate)[0]
     order = jnp.argsort(eid_R, stable=True)
     inv = inverse_permutation(order)
     sizes = jnp.bincount(eid_R, length=e_local + 1)[:e_local].astype(jnp.int32)
     # sort and unsort as gathers both ways (permutations: K = 1 rows per "token")
     y_sorted = expert_ffn(rows_of_tokens(x_RD, order, inv[:, None], True), w_gate, w_up, w_down, sizes, gmm)
-    y = rows_of_tokens(y_sorted, inv, order[:, None], True)
-    return jnp.where((eid_R < e_local)[:, None], y, 0)
+    return rows_of_tokens(y_sorted, inv, order[:, None], True)
 
 
 def ep_plan(batch: int, length: int, num_experts: int):
@@ -153,10 +154,11 @@ def expert_parallel_dispatch(x_BLD, ids_BLK, weights_BLK, w_gate, w_up, w_down, 
         rank_sorted = jnp.arange(A, dtype=jnp.int32) - plan.in_off[dest_sorted]
         kept_sorted = rank_sorted < plan.send[dest_sorted]    # rows past a receiver's R are dropped
         send_x = rows_of_tokens(x_TD, order // K, inv.reshape(T, K), True)
-        recv_x = exchange(send_x, jnp.zeros((R, D), dt), plan, axes)
+        # rows past the received ones stay unwritten: they sort last, outside every expert's group
+        recv_x = exchange(send_x, jax.lax.empty((R, D), dt), plan, axes)
         recv_e = exchange((flat % e_local)[order], jnp.full((R,), e_local, jnp.int32), plan, axes)
         y_R = _local_experts(recv_x, recv_e, wg, wu, wd, gmm).astype(dt)
-        back = exchange(y_R, jnp.zeros((A, D), dt), plan, axes, back=True)
+        back = exchange(y_R, jax.lax.empty((A, D), dt), plan, axes, back=True)   # dropped rows: unread
         row_TK = jnp.where(kept_sorted[inv], inv, A).reshape(T, K)      # A: dropped
         y = combine_rows(back, wts_TK, row_TK, jnp.where(kept_sorted, order, A), factor <= 0)  # dropless: all kept
         return y.astype(dt), jnp.mean((~kept_sorted).astype(jnp.float32))
