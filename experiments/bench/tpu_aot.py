@@ -132,6 +132,9 @@ POINTS = {
                                       seq=8192),
     "kimi_k2_1t-fsdp8_cp8_ep8": dict(model="kimi_k2_1t", topology="v5p:8x8x8", fsdp=8, ep=8, cp=8, batch=64,
                                      seq=32768),
+    # DeepSeek-V3 in the CPT layout (CP 2 over 8K rows, EP 8; 4096 tokens per chip as above)
+    "deepseek_v3_671b-fsdp16_cp2_ep8": dict(model="deepseek_v3_671b", topology="v5p:4x8x8", fsdp=16, ep=8, cp=2,
+                                            batch=128, seq=8192, layers=(4, 6)),
     "tiny": dict(model="tiny", topology="v5p:2x2x1", fsdp=2, ep=2, batch=8, seq=256),
 }
 

@@ -166,6 +166,33 @@ def test_ragged_dot_experts_gradients_match_the_row_tiled_grouped_matmul():
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-4, atol=2e-5)
 
 
+@pytest.mark.parametrize("quant", ["none", "mxfp8"])
+def test_joined_gate_up_matches_separate_products(quant):
+    """expert_ffn with gate and up joined into one [D, 2F] grouped matmul (the EP path's form;
+    float, or pre-quantized QuantizedExperts joined leaf by leaf) against two products: values
+    and gradients of the rows and every weight."""
+    import pallas_kernels as pk
+    x, ids, _, (wg, wu, wd) = _routed(48, 2, 4, 64, 64, 7)
+    order, sizes = experts_xla.sort_assignments(ids, 4)
+    x_M = x[order // 2]
+    gmm = experts_xla.grouped_matmul(quant, "xla")
+    if quant != "none":    # the sampler's stored form: gmm reads quantized values as rhs
+        q = [pk.quantize_experts(w, quant) for w in (wg, wu, wd)]
+        sep = experts_xla.expert_ffn(x_M, *q, sizes, gmm)
+        joined = experts_xla.expert_ffn(x_M, experts_xla.join_gate_up(q[0], q[1]), None, q[2], sizes, gmm)
+        np.testing.assert_allclose(np.asarray(joined), np.asarray(sep), rtol=1e-5, atol=1e-5)
+        return
+
+    def loss(join, x_M, wg, wu, wd):
+        ws = (experts_xla.join_gate_up(wg, wu), None) if join else (wg, wu)
+        return jnp.sum(jnp.sin(experts_xla.expert_ffn(x_M, *ws, wd, sizes, gmm)))
+    (v0, g0), (v1, g1) = (jax.jit(jax.value_and_grad(lambda *a, j=j: loss(j, *a), argnums=(0, 1, 2, 3)))(x_M, wg, wu, wd)
+                          for j in (False, True))
+    np.testing.assert_allclose(float(v1), float(v0), rtol=1e-5)
+    for a, b in zip(g1, g0):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
+
+
 def test_capacity_is_an_opt_in_that_reports_drops():
     x, ids, wts, ws = _routed(256, 2, 8, 64, 64, 4, skew=4.0)
     assert experts_xla.capacity(256, 2, 8, None) == 256
