@@ -44,8 +44,9 @@ def test_train_step_runs_flash_attention_and_the_grouped_matmul(devices, attenti
         text = cc.compile_train_step(cfg, mesh, state).as_text()
     assert set(rec["experts"]) == {"pallas_gmm"} and set(rec["attention"]) == {"pallas_flash"}
     assert rec["optimizer"] == {"optax_adamw": 1}
-    # gate, up, down forward + their dX (gmm) and dW (tgmm)
-    assert cc.mosaic_kernels(text) == {**FLASH, **_gmm(quant, 6, 3)}
+    # gate and up joined, then down (EP: one [D, 2F] product on the local experts), forward + their
+    # dX (gmm) and dW (tgmm)
+    assert cc.mosaic_kernels(text) == {**FLASH, **_gmm(quant, 4, 2)}
 
 
 @pytest.mark.parametrize("attention,quant", [("mla", "none"), ("mla", "mxfp8"), ("gqa", "none")])
@@ -58,7 +59,7 @@ def test_sampler_decode_chunk_runs_the_mosaic_kernels(devices, attention, quant)
     assert set(kernels["experts"]) == {"pallas_gmm"}
     text = lowered.as_text()
     assert "stablehlo.while" in text   # the chunk's on-device loop, not a single forward
-    want = _gmm(quant, 3, 0)
+    want = _gmm(quant, 2, 0)       # gate and up joined, then down
     if attention == "gqa":
         want["_decode_kernel"] = 2
         assert set(kernels["decode_attention"]) == {"pallas"}
@@ -78,7 +79,7 @@ def test_ragged_ep_exchange_compiles_to_tpu_ragged_all_to_all(devices):
     state = cc.abstract_train_state(cfg, mesh)
     lowered = cc.compile_train_step(cfg, mesh, state)
     text = lowered.as_text()
-    assert cc.mosaic_kernels(text) == {**FLASH, **_gmm("none", 6, 3)}
+    assert cc.mosaic_kernels(text) == {**FLASH, **_gmm("none", 4, 2)}
     # forward: rows out, expert ids out, results back; backward: the two row exchanges transposed
     assert text.count("ragged_all_to_all") == 5
     assert "ragged-all-to-all-start" in lowered.compile().as_text()   # TPU runs it as an async collective
