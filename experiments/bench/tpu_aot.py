@@ -135,6 +135,9 @@ POINTS = {
     # DeepSeek-V3 in the CPT layout (CP 2 over 8K rows, EP 8; 4096 tokens per chip as above)
     "deepseek_v3_671b-fsdp16_cp2_ep8": dict(model="deepseek_v3_671b", topology="v5p:4x8x8", fsdp=16, ep=8, cp=2,
                                             batch=128, seq=8192, layers=(4, 6)),
+    # ... and in the RL layout (CP 8 over 32K rows)
+    "deepseek_v3_671b-fsdp4_cp8_ep8": dict(model="deepseek_v3_671b", topology="v5p:4x8x8", fsdp=4, ep=8, cp=8,
+                                           batch=32, seq=32768, layers=(4, 6)),
     "tiny": dict(model="tiny", topology="v5p:2x2x1", fsdp=2, ep=2, batch=8, seq=256),
 }
 
