@@ -244,27 +244,28 @@ def _over_token_shards(body, x_BLD, ids_BLK, weights_BLK, w_gate, w_up, w_down, 
     out_spec = _weight_specs(w_down, stored, ff, fd)
 
     def fsdp_body(x, ids, wts, wg, wu, wd):
-        wd = _gather_dims(wd, fe, ff, fd)
-        if not join:
-            return body(x, ids, wts, *(_gather_dims(w, fe, fd, ff) for w in (wg, wu)), wd)
-        # gate and up joined ([E, D, 2F], expert_ffn's w_up=None form): joining the local shards
-        # before the gather makes one all-gather and no joined copy of the gathered weights,
-        # unless F itself is split (then the gathered halves are joined)
-        if ff:
-            return body(x, ids, wts, join_gate_up(*(_gather_dims(w, fe, fd, ff) for w in (wg, wu))), None, wd)
-        return body(x, ids, wts, _gather_dims(join_gate_up(wg, wu), fe, fd, ()), None, wd)
+        # joined gate and up ([E, D, 2F], expert_ffn's w_up=None form): joining the local shards
+        # before the gather makes one all-gather and no joined copy of the gathered weights;
+        # when F itself is split, the gathered halves are joined instead
+        if join and not ff:
+            wg, wu = join_gate_up(wg, wu), None
+        wg, wu = (_gather_dims(w, fe, fd, ff) for w in (wg, wu))     # None stays None
+        if join and wu is not None:
+            wg, wu = join_gate_up(wg, wu), None
+        return body(x, ids, wts, wg, wu, _gather_dims(wd, fe, ff, fd))
 
     fn = jax.shard_map(fsdp_body, in_specs=(tok, tok, tok, in_spec, in_spec, out_spec), out_specs=(tok, P()))
     return fn(x_BLD, ids_BLK, weights_BLK, w_gate, w_up, w_down)
 
 
 def _weight_fsdp_axes(ep, shape) -> tuple:
-    """Mesh axes (not in the EP group, dividing the dim) that `expert_fsdp`, `expert_embed` and
-    `expert_mlp` shard an [E, D, F] expert weight's dims over beyond EP: the FSDP part of its
-    sharding, claimed in that order (as the param shardings claim them)."""
+    """Mesh axes (not in the EP group, dividing the dim) that an [E, D, F] expert weight's dims
+    are sharded over beyond EP, from the rules its params are sharded by (`expert_weights`,
+    `expert_embed`, `expert_mlp`), claimed in that order as the param shardings claim them: the
+    FSDP part of its sharding."""
     E, D, F = shape
     out, used = [], set(ep)
-    for name, dim in (("expert_fsdp", E // axes_size(ep)), ("expert_embed", D), ("expert_mlp", F)):
+    for name, dim in (("expert_weights", E // axes_size(ep)), ("expert_embed", D), ("expert_mlp", F)):
         cand = tuple(a for a in active_logical_axes(name) if a not in used)
         keep = divisible_axes(dim, cand)
         used.update(keep)

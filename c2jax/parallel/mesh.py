@@ -55,7 +55,7 @@ def validate_layout(cfg, sizes: dict) -> None:
         if m.num_experts % ep:
             raise ConfigError(f"model.num_experts={m.num_experts} is not divisible by the expert-parallel group "
                               f"{ep_axes} of size {ep}; change mesh.shape or the 'experts' rule in mesh.rules")
-        e_fsdp = tuple(a for a in _rule_axes(cfg, "expert_fsdp") if a not in ep_axes)
+        e_fsdp = _expert_weight_axes(cfg)[len(ep_axes):]
         n = int(np.prod([sizes.get(a, 1) for a in e_fsdp]))
         if (m.num_experts // ep) % n:
             raise ConfigError(f"model.num_experts={m.num_experts} over the expert-parallel group {ep_axes} "
@@ -79,8 +79,13 @@ def rules(cfg) -> tuple:
     `expert_weights` rule: the expert weights' E dim, over the EP group (`experts`) and then the
     `expert_fsdp` axes."""
     out = tuple((name, tuple(t) if isinstance(t, (list, tuple)) else t) for name, t in cfg.mesh.rules)
-    stored = tuple(dict.fromkeys(_rule_axes(cfg, "experts") + _rule_axes(cfg, "expert_fsdp")))
+    stored = _expert_weight_axes(cfg)
     return out + (("expert_weights", stored if len(stored) > 1 else (stored[0] if stored else None)),)
+
+
+def _expert_weight_axes(cfg) -> tuple:
+    """The expert weights' E-dim axes: the EP group (`experts`), then the `expert_fsdp` axes not in it."""
+    return tuple(dict.fromkeys(_rule_axes(cfg, "experts") + _rule_axes(cfg, "expert_fsdp")))
 
 
 def logical_to_mesh_spec(logical_spec: PartitionSpec, cfg, mesh: Mesh) -> PartitionSpec:

@@ -50,13 +50,12 @@ def ragged_plan(sizes_W, recv_rows: int, axes) -> RaggedPlan:
     return RaggedPlan(in_off.astype(jnp.int32), send, out_off, recv_off, recv)
 
 
-def exchange(x, out, plan: RaggedPlan, axes, *, back: bool = False, dense: bool | None = None):
+def exchange(x, out, plan: RaggedPlan, axes, *, back: bool = False):
     """Rows of x sent along `plan` into `out` (rows not written keep out's values). Forward: x
     is the send buffer, out the receive buffer; back=True: x is the receive buffer and each
-    sender's rows return to where they started in its send buffer (out). dense: the CPU form
-    (None: when the traced program's target is CPU)."""
-    if dense is None:
-        dense = current_target().platform == "cpu"   # XLA:CPU has no ragged all-to-all
+    sender's rows return to where they started in its send buffer (out). On a CPU target the
+    dense form (XLA:CPU has no ragged all-to-all)."""
+    dense = current_target().platform == "cpu"
     if back:
         in_off, send, recv = plan.recv_off, plan.recv, plan.send
         out_off = jax.lax.all_to_all(plan.in_off, axes, 0, 0, tiled=True)   # senders' in_off[me]
