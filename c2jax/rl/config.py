@@ -45,6 +45,10 @@ def rl_defaults() -> ml_collections.ConfigDict:
     c.sampler_slots = 8  # sampler cache slots (concurrent sequences)
     c.sampler_chunk = 16  # decode steps per on-device loop
     c.sampler_decode_devices = 1  # split each decode step over this many devices (CPU: host devices, see Sampler)
+    # the sampler's own mesh, one size per mesh.axes entry (() = one device): batch over the data
+    # axes, experts over the expert axes, by mesh.rules; the learner takes mesh.shape over the
+    # devices before it (c2jax.rl.roles)
+    c.sampler_mesh_shape = ()
     # --- self-summarization (harness env; c2jax.agent.summarize, c2jax.rl.chains) ---
     c.summary_method = "none"  # "none" (full context) | "self" | "prompt" (compaction call) | "truncate"
     c.summary_trigger_tokens = 512  # compact when the current segment holds this many tokens
@@ -122,6 +126,9 @@ def validate_rl(r, model=None) -> None:
         raise ConfigError("rl.suites is empty; name at least one task suite (e.g. 'synthetic:1')")
     if r.sampler_slots < r.group_size and r.env == "toy":
         raise ConfigError(f"rl.sampler_slots={r.sampler_slots} must be >= rl.group_size={r.group_size}")
+    if tuple(r.sampler_mesh_shape) and int(r.sampler_decode_devices) != 1:
+        raise ConfigError("rl.sampler_mesh_shape and rl.sampler_decode_devices > 1 are two layouts of the sampler; "
+                          "set one of them")
     if r.toy_latency_s < 0 or r.toy_latency_sigma < 0:
         raise ConfigError("rl.toy_latency_s and rl.toy_latency_sigma must be >= 0")
     if r.replay_threshold < 0:

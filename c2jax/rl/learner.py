@@ -16,6 +16,16 @@ rows and sums their gradients (one optimizer update per step, as before). On CPU
 scores are materialized, so a step's memory grows with rows x length^2: 24 rows of 1536 tokens took
 9.9 GB whole and 4.3 GB in micro-batches of 8 (tiny model).
 
+On a mesh (`Learner(..., mesh=...)`, the learner's own devices) the step runs exactly as CPT
+does: `activate(cfg, mesh)`, params and optimizer state sharded by the logical rules and donated,
+the batch over the data axes. Under context parallelism the model's inputs (tokens, targets,
+positions, segment ids, forced expert ids) enter in the zigzag order, placed on the host as
+CPT's `global_batch` does; the per-token loss inputs (mask, behaviour logprobs) stay in token order
+and the forward's logprobs are permuted back to it inside the step (`_to_token_order`), so the
+order-dependent terms (the KL to go) see the sequence as the sampler wrote it. The reference
+params live on the learner's devices in the params' own shardings: the reference forward is one
+more forward of the same program, with no transfer and no second program to keep in step.
+
 Letters: B sequences, L padded length, N MoE layers, K experts per token, V vocab.
 """
 from __future__ import annotations
@@ -28,8 +38,13 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from jax.sharding import NamedSharding, PartitionSpec
+
+from c2jax.errors import ConfigError
 from c2jax.models.moe import make_dropless
 from c2jax.models.transformer import layer_counts, model_cfg
+from c2jax.parallel.context import zigzag_order
+from c2jax.parallel.mesh import active_logical_axes, axes_size, data_sharding, logical_to_mesh_spec
 from c2jax.rl.advantages import apply_kl_penalty, broadcast_advantages
 from c2jax.rl.losses import _masked_p99, loss_token_count, policy_loss
 from c2jax.train.optimizer import make_optimizer
@@ -71,7 +86,8 @@ def balance_order(lengths, num_shards: int) -> list[int]:
 
 
 def build_batch(trajs, advantages_B, length_bucket: int = 64, weights_B=None, num_moe_layers: int = 0,
-                top_k: int = 0, max_len: int | None = None, row_bucket: int = 1, row_multiple: int = 1) -> dict:
+                top_k: int = 0, max_len: int | None = None, row_bucket: int = 1, row_multiple: int = 1,
+                length_multiple: int = 1, row_divisor: int = 1) -> dict:
     """Next-token batch from trajectories (numpy). Position t predicts token t+1.
 
     Keys: inputs, targets, positions, segment_ids [B, L] int32; loss_mask [B, L] bool;
@@ -79,19 +95,23 @@ def build_batch(trajs, advantages_B, length_bucket: int = 64, weights_B=None, nu
     forced_ids [N, B, L, K] int32 (-1 = not recorded) when num_moe_layers; num_sequences f32
     (the real rows: past row_bucket, B is rounded up to a multiple of it with empty rows, so
     batches of chained rollouts, whose sequence count varies, reuse a few compiled steps; then up
-    to a multiple of row_multiple, the micro-batch size).
+    to a multiple of row_multiple, the micro-batch size; always a multiple of row_divisor, the
+    learner mesh's data-parallel size). L is a multiple of length_multiple (2 x CP: the zigzag
+    chunks).
     """
     n_seq = len(trajs)
     B = n_seq if n_seq <= row_bucket else -(-n_seq // row_bucket) * row_bucket
     if row_multiple > 1 and B > row_multiple:  # noqa: SIM300 (B is a row count)
         B = -(-B // row_multiple) * row_multiple
+    B = -(-B // row_divisor) * row_divisor
     advantages_B = np.pad(np.asarray(advantages_B, np.float32), (0, B - n_seq))
     if weights_B is not None:
         weights_B = np.pad(np.asarray(weights_B, np.float32), (0, B - n_seq))
     T_max = max(len(t.tokens_T) for t in trajs) - 1
-    L = max(length_bucket, int(math.ceil(T_max / length_bucket)) * length_bucket)
-    if max_len is not None:
-        L = min(L, max_len)
+    step = length_bucket * length_multiple // math.gcd(length_bucket, length_multiple)
+    L = max(step, int(math.ceil(T_max / step)) * step)
+    if max_len is not None and L > max_len:  # noqa: SIM300 (L is a length)
+        L = max(max_len // length_multiple * length_multiple, length_multiple)
     b = {"inputs": np.zeros((B, L), np.int32), "targets": np.zeros((B, L), np.int32),
          "positions": np.tile(np.arange(L, dtype=np.int32), (B, 1)), "segment_ids": np.zeros((B, L), np.int32),
          "loss_mask": np.zeros((B, L), bool), "behaviour_logp": np.zeros((B, L), np.float32),
@@ -118,9 +138,33 @@ def build_batch(trajs, advantages_B, length_bucket: int = 64, weights_B=None, nu
 # ----------------------------------------------------------------------------- the step
 
 
+MODEL_KEYS = ("inputs", "targets", "positions", "segment_ids")  # model order (zigzag under CP)
+
+
+def _context_order(length: int):
+    """(order, inverse) of the zigzag layout of the active mesh's context axes; None when CP is off."""
+    cp = axes_size(active_logical_axes("length"))
+    if cp <= 1:
+        return None
+    order = zigzag_order(length, cp)
+    return order, np.argsort(order)
+
+
+def _to_token_order(x_BL):
+    """A per-token array from the model's (zigzag) order back to token order."""
+    zz = _context_order(x_BL.shape[1])
+    return x_BL if zz is None else x_BL[:, zz[1]]
+
+
+def _to_model_order(x_BL):
+    zz = _context_order(x_BL.shape[1])
+    return x_BL if zz is None else x_BL[:, zz[0]]
+
+
 def _logp(cfg, params, batch, forced):
+    """Logprobs of the batch's targets in token order, and the forward's aux (model order)."""
     nll, _, out = forward_nll(cfg, params, batch, forced, scale=1.0 / cfg.rl.temperature)
-    return -nll, out.aux
+    return _to_token_order(-nll), out.aux
 
 
 def _mismatch(logp_BL, behaviour_BL, mask_BL):
@@ -190,7 +234,7 @@ def rl_train_step(cfg, optimizer, state, ref_params, batch):
         forced = jnp.where(recorded, rec, own_ids)
         forced_M = jnp.moveaxis(_to_micro(jnp.moveaxis(forced, 1, 0), M), 1, 2)  # [M, N, mb, L, K]
         same = jnp.all(jnp.sort(own_ids, -1) == jnp.sort(rec, -1), axis=-1)    # [N, B, L]
-        tok = recorded[..., 0] & mask[None]
+        tok = recorded[..., 0] & _to_model_order(mask)[None]
         metrics["route_agreement"] = jnp.sum(same & tok) / jnp.maximum(jnp.sum(tok), 1)
         metrics["replayed_fraction"] = jnp.sum(tok) / jnp.maximum(jnp.sum(mask) * n_moe, 1)
         mm, p99 = _mismatch(_from_micro(pre["own_logp"]), batch["behaviour_logp"], mask)
@@ -239,27 +283,113 @@ def rl_train_step(cfg, optimizer, state, ref_params, batch):
 
 @functools.lru_cache(maxsize=8)
 def _compiled_step(cfg_json: str):
-    """One jitted step per config (learners of equal configs share compiles)."""
+    """One jitted step per config (one-device learners of equal configs share compiles)."""
     import json
     cfg = ml_collections.ConfigDict(json.loads(cfg_json))
     return jax.jit(functools.partial(rl_train_step, cfg, make_optimizer(cfg.train)), donate_argnums=(0,))
 
 
-class Learner:
-    """Holds the train state and the reference params; `step(trajs, advantages)` updates."""
+def make_rl_step(cfg, optimizer, state_shardings=None):
+    """The jitted RL step (state donated). With state_shardings (c2jax.train.step.state_shardings)
+    the new state keeps the learner mesh's layout; the batch and reference take the shardings of
+    the arrays passed in (place_batch; the reference in the params' shardings). Call and lower it
+    inside `activate(cfg, mesh)`."""
+    fn = functools.partial(rl_train_step, cfg, optimizer)
+    if state_shardings is None:
+        return jax.jit(fn, donate_argnums=(0,))
+    return jax.jit(fn, out_shardings=(state_shardings, None), donate_argnums=(0,))
 
-    def __init__(self, cfg, params, ref_params=None, seed: int = 0):
+
+def batch_shardings(cfg, mesh, batch) -> dict:
+    """NamedSharding per key of an RL batch on the learner mesh: [B, L] arrays over the batch and
+    length axes (as CPT's data), [B] arrays over the batch axes, forced_ids [N, B, L, K] over both,
+    scalars replicated."""
+    bl = data_sharding(cfg, mesh)
+    b_axes, l_axes = tuple(bl.spec)[:2]
+    out = {}
+    for k, v in batch.items():
+        nd = np.ndim(v)
+        spec = {0: PartitionSpec(), 1: PartitionSpec(b_axes), 2: bl.spec}.get(nd)
+        if k == "forced_ids":
+            spec = PartitionSpec(None, b_axes, l_axes, None)
+        out[k] = NamedSharding(mesh, spec)
+    return out
+
+
+def context_size(cfg, mesh) -> int:
+    """CP degree of the learner mesh (the axes `length` maps to)."""
+    spec = logical_to_mesh_spec(PartitionSpec("length"), cfg, mesh)[0]
+    names = () if spec is None else (spec if isinstance(spec, tuple) else (spec,))
+    return int(np.prod([mesh.shape[a] for a in names])) if names else 1
+
+
+def place_batch(cfg, mesh, batch) -> dict:
+    """A host batch (build_batch) on the learner mesh: the model's inputs (MODEL_KEYS, forced_ids)
+    reordered to the zigzag layout when CP > 1 (on the host, as c2jax.parallel.distributed.
+    global_batch does for CPT), every array put in its batch_shardings layout."""
+    cp = context_size(cfg, mesh)
+    b = dict(batch)
+    if cp > 1:
+        order = zigzag_order(b["inputs"].shape[1], cp)
+        for k in MODEL_KEYS:
+            b[k] = np.take(b[k], order, axis=1)
+        if "forced_ids" in b:
+            b["forced_ids"] = np.take(b["forced_ids"], order, axis=2)
+    return jax.device_put(b, batch_shardings(cfg, mesh, b))
+
+
+def batch_axis_size(cfg, mesh) -> int:
+    """Devices the learner batch's rows are split over (B must be a multiple of it)."""
+    spec = data_sharding(cfg, mesh).spec[0]
+    names = () if spec is None else (spec if isinstance(spec, tuple) else (spec,))
+    return int(np.prod([mesh.shape[a] for a in names])) if names else 1
+
+
+class Learner:
+    """Holds the train state and the reference params; `step(trajs, advantages)` updates.
+
+    mesh: the learner's devices (c2jax.rl.roles.rl_meshes); params, optimizer state, reference
+    and batch are laid out on it by the config's logical rules. None: one device, as before."""
+
+    def __init__(self, cfg, params, ref_params=None, seed: int = 0, mesh=None):
         self.cfg = learner_cfg(cfg)
-        self.optimizer = make_optimizer(self.cfg.train)
-        params = jax.tree.map(jnp.copy, params)  # the state is donated at every step: keep the caller's arrays
-        self.state = init_state(self.cfg, self.optimizer, params, seed)
-        self.ref_params = params if ref_params is None else ref_params
-        if self.cfg.rl.kl_coef > 0:  # keep an independent copy: the state is donated
-            self.ref_params = jax.tree.map(jnp.array, self.ref_params)
+        self.mesh = mesh
         m = self.cfg.model
         _, self.num_moe_layers = layer_counts(m)
         self.top_k = m.num_experts_per_tok if self.num_moe_layers else 0
-        self._step = _compiled_step(self.cfg.to_json())
+        use_ref = self.cfg.rl.kl_coef > 0
+        if mesh is None:
+            self.optimizer = make_optimizer(self.cfg.train)
+            params = jax.tree.map(jnp.copy, params)  # the state is donated at every step: keep the caller's arrays
+            self.state = init_state(self.cfg, self.optimizer, params, seed)
+            self.ref_params = params if ref_params is None else ref_params
+            if use_ref:  # keep an independent copy: the state is donated
+                self.ref_params = jax.tree.map(jnp.array, self.ref_params)
+            self._step = _compiled_step(self.cfg.to_json())
+            self.param_shardings = None
+            self.rows_multiple = self.length_multiple = 1
+            return
+        from c2jax.models import param_shardings
+        from c2jax.ops.target import target_of_mesh
+        from c2jax.parallel.mesh import activate, validate_layout
+        from c2jax.train.step import init_sharded_state
+        validate_layout(self.cfg, dict(mesh.shape))
+        with activate(self.cfg, mesh):
+            self.param_shardings = p_sh = param_shardings(self.cfg, mesh)
+            params = jax.device_put(params, p_sh)   # a copy where params already lie elsewhere
+            ref = params if ref_params is None else jax.device_put(ref_params, p_sh)
+            self.ref_params = jax.tree.map(jnp.copy, ref) if use_ref else None
+            self.optimizer = make_optimizer(self.cfg.train, target_of_mesh(mesh), params)
+            params = jax.tree.map(jnp.copy, params)  # donated below; the caller keeps its arrays
+            self.state, self.state_shardings = init_sharded_state(self.cfg, self.optimizer, mesh, params, p_sh, seed)
+            self._step = make_rl_step(self.cfg, self.optimizer, self.state_shardings)
+        self.rows_multiple = batch_axis_size(self.cfg, mesh)
+        micro = int(self.cfg.rl.micro_batch_rows)
+        if micro % self.rows_multiple:
+            raise ConfigError(f"rl.micro_batch_rows={micro} must be a multiple of the learner mesh's batch axes "
+                              f"({self.rows_multiple} devices): each micro-batch is split over them")
+        cp = context_size(self.cfg, mesh)
+        self.length_multiple = 2 * cp if cp > 1 else 1
 
     @property
     def version(self) -> int:
@@ -269,6 +399,13 @@ class Learner:
     def params(self):
         return self.state["params"]
 
+    @property
+    def devices(self) -> list[int]:
+        """Ids of the devices the learner runs on."""
+        if self.mesh is None:
+            return [jax.tree.leaves(self.state["params"])[0].devices().pop().id]
+        return [int(d.id) for d in self.mesh.devices.flat]
+
     def make_batch(self, trajs, advantages_B, weights_B=None) -> dict:
         r = self.cfg.rl
         order = balance_order([len(t.tokens_T) for t in trajs], r.data_shards)
@@ -277,12 +414,22 @@ class Learner:
         w = None if weights_B is None else np.asarray(weights_B)[order]
         return build_batch(trajs, adv, r.length_bucket, w, self.num_moe_layers, self.top_k,
                            max_len=self.cfg.model.max_position_embeddings,
-                           row_bucket=r.prompts_per_step * r.group_size, row_multiple=int(r.micro_batch_rows))
+                           row_bucket=r.prompts_per_step * r.group_size, row_multiple=int(r.micro_batch_rows),
+                           length_multiple=self.length_multiple, row_divisor=self.rows_multiple)
 
     def step(self, trajs, advantages_B, weights_B=None) -> dict:
         batch = self.make_batch(trajs, advantages_B, weights_B)
+        return self.step_batch(batch)
+
+    def step_batch(self, batch) -> dict:
+        """One step on a host batch (build_batch's dict)."""
         ref = self.ref_params if self.cfg.rl.kl_coef > 0 else None
-        self.state, metrics = self._step(self.state, ref, batch)
+        if self.mesh is None:
+            self.state, metrics = self._step(self.state, ref, batch)
+        else:
+            from c2jax.parallel.mesh import activate
+            with activate(self.cfg, self.mesh):
+                self.state, metrics = self._step(self.state, ref, place_batch(self.cfg, self.mesh, batch))
         out = {k: float(v) for k, v in jax.device_get(metrics).items()}
         out["batch_tokens"] = int(batch["segment_ids"].sum())
         out["batch_padded_len"] = int(batch["inputs"].shape[1])

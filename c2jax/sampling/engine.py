@@ -27,6 +27,7 @@ what the trainer's forward routes on the same sequence (router replay input).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import itertools
@@ -246,6 +247,36 @@ class _Group:
     completions: list | None = None
 
 
+class MeshLayout:
+    """Where a Sampler on a mesh keeps things: params by the run's logical rules (c2jax.models.
+    param_shardings), the cache and row state with their slot dim over the batch axes (when they
+    divide the slots), everything traced under `activate(cfg, mesh)`. compile-check lays out the
+    decode program it compiles the same way."""
+
+    def __init__(self, cfg, mesh, slots: int):
+        from c2jax.parallel.mesh import logical_to_mesh_spec
+        self.cfg, self.mesh = cfg, mesh
+        spec = logical_to_mesh_spec(PartitionSpec("batch"), cfg, mesh)[0]
+        names = () if spec is None else (spec if isinstance(spec, tuple) else (spec,))
+        self.batch_spec = spec if names and slots % int(np.prod([mesh.shape[a] for a in names])) == 0 else None
+
+    def active(self):
+        from c2jax.parallel.mesh import activate
+        return activate(self.cfg, self.mesh)
+
+    def param_shardings(self, params):
+        from c2jax.models import param_shardings
+        return param_shardings(self.cfg, self.mesh, shapes_tree=params)
+
+    def cache_shardings(self, cache):
+        """[layers, slots, ...] cache leaves: slots over the batch axes."""
+        return jax.tree.map(lambda x: NamedSharding(self.mesh, PartitionSpec(None, self.batch_spec)), cache)
+
+    def row_shardings(self, state):
+        """[slots, ...] row-state leaves: slots over the batch axes."""
+        return jax.tree.map(lambda x: NamedSharding(self.mesh, PartitionSpec(self.batch_spec)), state)
+
+
 class Sampler:
     """Reusable jitted sampler over `max_batch` cache slots of `max_len` positions.
 
@@ -283,7 +314,7 @@ class Sampler:
     def __init__(self, cfg, params, max_batch: int = 8, max_len: int = 512, chunk: int = 32,
                  version: int = 0, exact_moe: bool = True, cache_dtype=None,
                  speculative: str = "none", quant_scope: str = "experts", split_decode: bool | None = None,
-                 decode_devices: int = 1):
+                 decode_devices: int = 1, mesh=None):
         if speculative not in ("none", "mtp"):
             raise ValueError(f"speculative must be 'none' or 'mtp', got {speculative!r}")
         if quant_scope not in ("none", "experts", "all"):
@@ -292,12 +323,20 @@ class Sampler:
             raise ValueError(f"Sampler needs max_batch >= 1 and max_len >= 2, got {max_batch}, {max_len}")
         self.model_cfg = sampler_model_cfg(cfg, exact_moe)
         self.B, self.S, self.chunk = int(max_batch), int(max_len), int(chunk)
+        if mesh is not None:   # the scanned decode program compile-check compiles, on the sampler's mesh
+            if split_decode:
+                raise ValueError("a Sampler on a mesh runs the scanned decode program; split_decode=True is "
+                                 "the one-process CPU layout")
+            if decode_devices != 1:
+                raise ValueError("a Sampler on a mesh lays decode out by the mesh; decode_devices must be 1")
+            split_decode = False
         why_not = unrolled.supported(self.model_cfg) or ("speculative decoding" if speculative != "none" else None)
         if split_decode is None:
             split_decode = why_not is None and jax.default_backend() == "cpu"
         elif split_decode and why_not:
             raise ValueError(f"split_decode=True does not support {why_not}")
         self.split_decode = bool(split_decode)
+        self.layout = MeshLayout(cfg, mesh, self.B) if mesh is not None else None
         if decode_devices != 1 and not self.split_decode:
             raise ValueError(f"decode_devices={decode_devices} needs the split decode step (split_decode=True; "
                              f"not available for {why_not or 'split_decode=False'})")
@@ -320,6 +359,9 @@ class Sampler:
         if self._mesh is not None:   # they stay there: prefill moves only the rows it reads and writes
             self.cache = jax.device_put(self.cache, unrolled.cache_shardings(self.model_cfg, self.cache, self._mesh))
             self.state = jax.device_put(self.state, NamedSharding(self._mesh, PartitionSpec()))
+        if self.layout is not None:
+            self.cache = jax.device_put(self.cache, self.layout.cache_shardings(self.cache))
+            self.state = jax.device_put(self.state, self.layout.row_shardings(self.state))
         self._lock = threading.RLock()
         self._rid = itertools.count()
         self._waiting: list[_Group] = []
@@ -347,8 +389,16 @@ class Sampler:
             self.version = int(version)
 
     def _prepare(self, params) -> decode_weights.DecodeWeights:
+        if self.layout is not None:
+            params = jax.device_put(params, self.layout.param_shardings(params))  # no copy where they lie
+            with self.layout.active():
+                return decode_weights.prepare(self.model_cfg, params, quant_scope=self.quant_scope)
         return decode_weights.prepare(self.model_cfg, params, quant_scope=self.quant_scope,
                                       split_decode=self.split_decode, mesh=self._mesh)
+
+    def _active(self):
+        """The sampler mesh's logical rules while its programs trace and run (nothing without one)."""
+        return self.layout.active() if self.layout is not None else contextlib.nullcontext()
 
     # -- requests
     def submit(self, request: Request) -> int:
@@ -475,26 +525,27 @@ class Sampler:
         use_filter = any(g.req.top_k > 0 or g.req.top_p < 1.0 for g, *_ in batch)
         with self._lock:
             params, version = self.weights.model, self.version
-        if self.speculative == "mtp":   # its own fused kernel over the model and MTP caches
-            self.cache, self.state, (tok, lp, raw, code, experts) = self._prefill(
-                params, self.cache, self.state, tokens, start_b, len_b, src_b, M["dest"], M["src"], M["seed"],
-                M["rid"], M["sidx"], M["max_new"], M["temp"], M["top_k"], M["top_p"], M["stop"],
-                use_filter=use_filter)
-        else:
-            # only the source rows' first P positions (all a prefill reads or writes) go to the
-            # prefill and only the new rows' come back; with decode devices the cache stays on
-            # them and just these windows move
-            P = _bucket(int(np.max(start_b + len_b)), 16, S)
-            src_win = _gather_window(self.cache, src_b, P, tfm.layer_counts(self.model_cfg)[0])
-            if self._mesh is not None:
-                src_win = jax.device_put(src_win, self._mesh.devices.flat[0])
-            new_win, upd, (tok, lp, raw, code, experts) = self._prefill(
-                params, src_win, tokens, start_b, len_b, M["src"], M["seed"], M["rid"], M["sidx"], M["max_new"],
-                M["temp"], M["top_k"], M["top_p"], M["stop"], use_filter=use_filter)
-            if self._mesh is not None:
-                new_win = jax.device_put(new_win, unrolled.cache_shardings(self.model_cfg, new_win, self._mesh))
-                upd = jax.device_put(upd, NamedSharding(self._mesh, PartitionSpec()))
-            self.cache, self.state = _write_rows(self.cache, self.state, new_win, upd, M["dest"], M["src"])
+        with self._active():
+            if self.speculative == "mtp":   # its own fused kernel over the model and MTP caches
+                self.cache, self.state, (tok, lp, raw, code, experts) = self._prefill(
+                    params, self.cache, self.state, tokens, start_b, len_b, src_b, M["dest"], M["src"], M["seed"],
+                    M["rid"], M["sidx"], M["max_new"], M["temp"], M["top_k"], M["top_p"], M["stop"],
+                    use_filter=use_filter)
+            else:
+                # only the source rows' first P positions (all a prefill reads or writes) go to the
+                # prefill and only the new rows' come back; with decode devices the cache stays on
+                # them and just these windows move
+                P = _bucket(int(np.max(start_b + len_b)), 16, S)
+                src_win = _gather_window(self.cache, src_b, P, tfm.layer_counts(self.model_cfg)[0])
+                if self._mesh is not None:
+                    src_win = jax.device_put(src_win, self._mesh.devices.flat[0])
+                new_win, upd, (tok, lp, raw, code, experts) = self._prefill(
+                    params, src_win, tokens, start_b, len_b, M["src"], M["seed"], M["rid"], M["sidx"], M["max_new"],
+                    M["temp"], M["top_k"], M["top_p"], M["stop"], use_filter=use_filter)
+                if self._mesh is not None:
+                    new_win = jax.device_put(new_win, unrolled.cache_shardings(self.model_cfg, new_win, self._mesh))
+                    upd = jax.device_put(upd, NamedSharding(self._mesh, PartitionSpec()))
+                self.cache, self.state = _write_rows(self.cache, self.state, new_win, upd, M["dest"], M["src"])
         self.prefill_calls += 1
         tok, lp, raw, code, ex = jax.device_get((tok, lp, raw, code, experts))  # ex: [N, b, L, K] or None
         # cache bookkeeping: every dest slot holds src's cached prefix + the prefilled suffix
@@ -540,8 +591,9 @@ class Sampler:
             pos, live = jax.device_get((self.state.pos, self.state.live))
             top = int(pos[live].max()) if live.any() else 0
             kw["span"] = _bucket(top + self.chunk + 1, min(SPAN_MIN, self.S), self.S)
-        self.cache, self.state, n_steps, bufs = self._decode(weights, self.cache, self.state, min_live,
-                                                             C=self.chunk, use_filter=use_filter, **kw)
+        with self._active():
+            self.cache, self.state, n_steps, bufs = self._decode(weights, self.cache, self.state, min_live,
+                                                                 C=self.chunk, use_filter=use_filter, **kw)
         # one batched transfer, sliced on the host (slicing on device would dispatch one op per
         # buffer and compile a new slice for every distinct n)
         n_steps, bufs = jax.device_get((n_steps, bufs))
