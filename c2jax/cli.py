@@ -109,8 +109,9 @@ def main(argv=None) -> int:
             spec = args.config or ("configs/stages/sft.py" if args.command == "sft" else
                                    "configs/rl_tiny.py" if args.command == "rl" else "configs/stages/cpt.py")
         import jax
-        # compile-check validates the mesh against the TPU topology, not this machine's devices.
-        devices = None if args.command == "compile-check" else jax.device_count()
+        # compile-check validates the mesh against the TPU topology, not this machine's devices; RL
+        # splits them between the learner's and the sampler's meshes (c2jax.rl.roles checks both)
+        devices = None if args.command in ("compile-check", "rl") else jax.device_count()
         cfg = load_config(spec, overrides, validate_devices=devices)
         workdir = args.workdir or os.path.join("runs", args.command)
         if args.command in ("pretrain", "sft"):

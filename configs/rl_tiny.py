@@ -1,5 +1,6 @@
 """Tiny asynchronous RL run on CPU (the demo's RL stage): configs/tiny.py model plus the `rl`
-section. `configs/rl_tiny.py:toy` uses the token toy task (no sandbox, seconds per step).
+section. `configs/rl_tiny.py:toy` uses the token toy task (no sandbox, seconds per step); `:mesh` and
+`:toy_mesh` are the same with the learner and the sampler on meshes of their own (8 devices).
 
     python -m c2jax rl --config configs/rl_tiny.py --workdir runs/rl \
         --config.train.init_from=runs/demo/sft
@@ -33,6 +34,9 @@ def get_config(arg=None):
         # The demo SFT model's episode format and sampling temperature (c2jax/pipeline.py).
         "rl.system_prompt": SYSTEM_PROMPT, "rl.temperature": TEMPERATURE, "rl.eval_temperature": TEMPERATURE,
     }
+    mesh = arg in ("mesh", "toy_mesh")
+    if mesh:
+        arg = "toy" if arg == "toy_mesh" else None
     if arg == "toy":
         updates.update({
             "model.vocab_size": 64, "model.hidden_size": 32, "model.num_layers": 2, "model.intermediate_size": 64,
@@ -43,5 +47,9 @@ def get_config(arg=None):
             "rl.steps": 20, "rl.kl_coef": 1e-3, "rl.task_seed": -1,
         })
     elif arg not in (None, ""):
-        raise ValueError(f"configs/rl_tiny.py: unknown arg {arg!r}; use toy or nothing")
+        raise ValueError(f"configs/rl_tiny.py: unknown arg {arg!r}; use toy, mesh, toy_mesh or nothing")
+    if mesh:
+        # 8 devices (on CPU: XLA_FLAGS=--xla_force_host_platform_device_count=8): the learner on the
+        # first 4 (FSDP 2 x EP 2), the sampler on the other 4 (batch over data 2, experts over expert 2)
+        updates.update({"mesh.shape": (1, 2, 1, 2), "rl.sampler_mesh_shape": (2, 1, 1, 2)})
     return merge_into_defaults(updates, cfg)

@@ -25,18 +25,10 @@ from c2jax.ops.experts_xla import (ShardedExperts, block_dispatch, capacity_disp
 # ----------------------------------------------------------------------------- routing
 
 
-def select_experts(logits_TE, bias_E, m, forced_ids_TK=None):
-    """Route tokens. Returns (ids_TK, weights_TK, probs_TE, replaced_TK).
-
-    Selection uses scores (+ bias for the sigmoid router, + group limits); combine weights use
-    the unbiased scores of the chosen experts, optionally renormalized, times the routed scale.
-    With forced_ids (router replay) the forced experts are used, but their weights still come
-    from this router's scores, so the router gets gradients; a forced expert whose selection
-    score is below `replay_threshold` x this router's own k-th score is replaced by this
-    router's best pick not already chosen.
-    """
+def _router_scores(logits_TE, bias_E, m):
+    """(scores_TE, masked choice_TE): the scores the combine weights come from, and the (biased,
+    group-limited, detached) scores the top-k chooses by."""
     T, E = logits_TE.shape
-    K = m.num_experts_per_tok
     logits_TE = logits_TE.astype(jnp.float32)
     if m.router == "softmax":
         scores_TE = jax.nn.softmax(logits_TE, axis=-1)
@@ -51,15 +43,35 @@ def select_experts(logits_TE, bias_E, m, forced_ids_TK=None):
         _, top_groups = jax.lax.top_k(group_scores_TX, m.topk_group)
         keep_TX = jnp.zeros((T, m.n_group), bool).at[jnp.arange(T)[:, None], top_groups].set(True)
         keep_TE = jnp.repeat(keep_TX, E // m.n_group, axis=1)
-        masked_TE = jnp.where(keep_TE, choice_TE, -jnp.inf)
-    else:
-        masked_TE = choice_TE
+        choice_TE = jnp.where(keep_TE, choice_TE, -jnp.inf)
+    return scores_TE, choice_TE
+
+
+def own_experts(logits_TE, bias_E, m):
+    """The experts this router picks by itself: int32 [T, K]."""
+    return jax.lax.top_k(_router_scores(logits_TE, bias_E, m)[1], m.num_experts_per_tok)[1].astype(jnp.int32)
+
+
+def select_experts(logits_TE, bias_E, m, forced_ids_TK=None):
+    """Route tokens. Returns (ids_TK, weights_TK, probs_TE, replaced_TK).
+
+    Selection uses scores (+ bias for the sigmoid router, + group limits); combine weights use
+    the unbiased scores of the chosen experts, optionally renormalized, times the routed scale.
+    With forced_ids (router replay) the forced experts are used, but their weights still come
+    from this router's scores, so the router gets gradients; a token whose forced row holds a
+    -1 (nothing recorded, e.g. environment tokens) takes this router's own picks; a forced
+    expert whose selection score is below `replay_threshold` x this router's own k-th score is
+    replaced by this router's best pick not already chosen.
+    """
+    K = m.num_experts_per_tok
+    scores_TE, masked_TE = _router_scores(logits_TE, bias_E, m)
     own_scores_TK, own_ids_TK = jax.lax.top_k(masked_TE, K)
-    replaced_TK = jnp.zeros((T, K), bool)
+    replaced_TK = jnp.zeros(own_ids_TK.shape, bool)
     if forced_ids_TK is None:
         ids_TK = own_ids_TK
     else:
-        ids_TK = forced_ids_TK.astype(jnp.int32)
+        forced_TK = forced_ids_TK.astype(jnp.int32)
+        ids_TK = jnp.where(jnp.all(forced_TK >= 0, axis=-1, keepdims=True), forced_TK, own_ids_TK)
         if m.replay_threshold > 0:
             ids_TK, replaced_TK = _replace_implausible(ids_TK, own_ids_TK, own_scores_TK, masked_TE,
                                                        m.replay_threshold)
@@ -159,6 +171,10 @@ class MoE(nn.Module):
             "dropped_fraction": dropped,
             "replaced_fraction": jnp.mean(replaced_TK.astype(jnp.float32)),
         }
+        if forced is not None:   # router replay: where the replayed experts are this router's own picks
+            own_TK = own_experts(logits_TE, bias, m)
+            agree_T = jnp.all(jnp.sort(own_TK, axis=-1) == jnp.sort(forced.astype(jnp.int32), axis=-1), axis=-1)
+            aux["route_agree"] = agree_T.reshape(B, L)
         return y_BLD.astype(x_BLD.dtype), aux
 
     def _dispatch(self, x_TD, ids_TK, weights_TK, B, L, stacked=None):

@@ -58,6 +58,7 @@ def rl_defaults() -> ml_collections.ConfigDict:
     c.curriculum_strength = 0.0  # later in training upsample harder suites by (1 + s * progress * hardness)
     # --- learner ---
     c.router_replay = True  # force the sampler's recorded experts (gate scores still from the learner)
+    c.noreplay_metrics = True  # one more no-gradient forward per step: the logprob mismatch without router replay
     c.replay_threshold = 0.0  # copied to model.replay_threshold: replace forced experts scoring < thr * own k-th
     c.length_bucket = 64  # learner batch padded length is a multiple of this (few compiles)
     c.micro_batch_rows = 0  # learner rows per forward/backward (gradients summed over micro-batches); 0 = all

@@ -3,11 +3,13 @@
 The learner never imports the harness or the sampler: it reads `Trajectory` arrays only.
 
 Router replay. A trajectory records, for every input position, the experts the sampler routed
-it to (`expert_ids_TNK`, -1 where nothing was recorded, e.g. environment tokens). The step
-first runs a no-gradient forward with the learner's own routing (this also gives the
-"recompute" logprobs and the mismatch *without* replay), fills the unrecorded positions with
-the learner's own picks, then runs the differentiated forward with those forced experts: the
-gate weights still come from the learner's router, so the router gets gradients. With
+it to (`expert_ids_TNK`, -1 where nothing was recorded, e.g. environment tokens). The
+differentiated forward runs with those forced experts, the unrecorded positions taking the
+learner's own picks inside each MoE layer: the gate weights still come from the learner's
+router, so the router gets gradients. Each layer also reports where the replayed experts are
+its own picks (`route_agreement`). With `rl.noreplay_metrics` (default) a no-gradient forward
+with the learner's own routing gives the logprob mismatch *without* replay; pod configs turn it
+off, so the step is the CPT step plus the reference's forward. With
 `rl.replay_threshold` > 0 a forced expert whose score is below thr x the learner's own k-th
 score is replaced by the learner's pick (c2jax.models.moe.select_experts).
 
@@ -201,9 +203,12 @@ def rl_train_step(cfg, optimizer, state, ref_params, batch):
     """One learner step. Returns (new_state, metrics).
 
     With rl.micro_batch_rows the batch runs as M micro-batches (lax.scan): the no-gradient
-    forwards (own routes, reference logprobs), then the differentiated forward whose gradients are
-    summed. Every loss normalizer is a batch total computed up front, so the summed gradient equals
-    the whole-batch gradient; metrics are computed once on the whole batch's logprobs."""
+    forwards (the reference's logprobs; with rl.noreplay_metrics the learner's own routes too),
+    then the differentiated forward whose gradients are summed. Every loss normalizer is a batch
+    total computed up front, so the summed gradient equals the whole-batch gradient; metrics are
+    computed once on the whole batch's logprobs. Router replay forces the recorded experts inside
+    the differentiated forward; unrecorded positions take the learner's own picks there
+    (c2jax.models.moe.select_experts), so replay itself needs no extra forward."""
     r = cfg.rl
     m = model_cfg(cfg)
     mask = batch["loss_mask"]
@@ -211,39 +216,37 @@ def rl_train_step(cfg, optimizer, state, ref_params, batch):
     M = num_micro_batches(B, int(r.get("micro_batch_rows", 0)))
     _, n_moe = layer_counts(m)
     replay = bool(r.router_replay) and n_moe > 0 and "forced_ids" in batch
+    noreplay = replay and bool(r.get("noreplay_metrics", True))
     use_ref = r.kl_coef > 0
     rows = {k: _to_micro(batch[k], M) for k in ROW_KEYS}
     params_sg = jax.lax.stop_gradient(state["params"])
 
     def no_grad_forwards(_, b):
         out = {}
-        if replay:
-            out["own_logp"], aux = _logp(cfg, params_sg, b, None)
-            out["own_ids"] = aux["expert_ids"].astype(jnp.int32)                # [N, mb, L, K]
+        if noreplay:
+            out["own_logp"] = _logp(cfg, params_sg, b, None)[0]
         if use_ref:
             out["ref_logp"] = jax.lax.stop_gradient(_logp(cfg, ref_params, b, None)[0])
         return None, out
 
-    pre = jax.lax.scan(no_grad_forwards, None, rows)[1] if (replay or use_ref) else {}
+    pre = jax.lax.scan(no_grad_forwards, None, rows)[1] if (noreplay or use_ref) else {}
     metrics = {}
     forced_M = None
     if replay:
         rec = batch["forced_ids"]                                                # [N, B, L, K]
-        own_ids = jnp.moveaxis(_from_micro(jnp.moveaxis(pre["own_ids"], 2, 1)), 0, 1)  # [N, B, L, K]
-        recorded = jnp.all(rec >= 0, axis=-1, keepdims=True)
-        forced = jnp.where(recorded, rec, own_ids)
-        forced_M = jnp.moveaxis(_to_micro(jnp.moveaxis(forced, 1, 0), M), 1, 2)  # [M, N, mb, L, K]
-        same = jnp.all(jnp.sort(own_ids, -1) == jnp.sort(rec, -1), axis=-1)    # [N, B, L]
-        tok = recorded[..., 0] & _to_model_order(mask)[None]
-        metrics["route_agreement"] = jnp.sum(same & tok) / jnp.maximum(jnp.sum(tok), 1)
+        forced_M = jnp.moveaxis(_to_micro(jnp.moveaxis(rec, 1, 0), M), 1, 2)     # [M, N, mb, L, K]
+        recorded = jnp.all(rec >= 0, axis=-1)                                    # [N, B, L]
+        tok = recorded & _to_model_order(mask)[None]
         metrics["replayed_fraction"] = jnp.sum(tok) / jnp.maximum(jnp.sum(mask) * n_moe, 1)
+        tok_M = jnp.moveaxis(_to_micro(jnp.moveaxis(tok, 1, 0), M), 1, 2)        # [M, N, mb, L]
+    if noreplay:
         mm, p99 = _mismatch(_from_micro(pre["own_logp"]), batch["behaviour_logp"], mask)
         metrics["logprob_mismatch_noreplay_mean"], metrics["logprob_mismatch_noreplay_p99"] = mm, p99
     n_seq = batch.get("num_sequences")
     num_tokens = loss_token_count(mask, batch["truncated"], r)
 
     def grad_micro(acc, xs):
-        b, forced, ref_logp = xs
+        b, forced, ref_logp, tok = xs
 
         def loss_fn(params):
             logp, aux = _logp(cfg, params, b, forced)
@@ -256,14 +259,18 @@ def rl_train_step(cfg, optimizer, state, ref_params, batch):
                                   num_tokens=num_tokens)
             has_replaced.append("replaced_fraction" in aux)
             rf = jnp.mean(aux["replaced_fraction"]) if "replaced_fraction" in aux else jnp.float32(0)
-            return loss, (jax.lax.stop_gradient(logp), jax.lax.stop_gradient(adv), rf)
+            agree = jnp.sum(aux["route_agree"] & tok) if tok is not None else jnp.float32(0)
+            return loss, (jax.lax.stop_gradient(logp), jax.lax.stop_gradient(adv), rf, agree)
 
         (_, extras), g = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
         return jax.tree.map(jnp.add, acc, g), extras
 
     has_replaced = []  # set while tracing: MoE forwards report the replay-replaced fraction
     zeros = jax.tree.map(jnp.zeros_like, state["params"])
-    grads, (logp_M, adv_M, replaced_M) = jax.lax.scan(grad_micro, zeros, (rows, forced_M, pre.get("ref_logp")))
+    grads, (logp_M, adv_M, replaced_M, agree_M) = jax.lax.scan(
+        grad_micro, zeros, (rows, forced_M, pre.get("ref_logp"), tok_M if replay else None))
+    if replay:
+        metrics["route_agreement"] = jnp.sum(agree_M) / jnp.maximum(jnp.sum(tok), 1)
     ref_logp = _from_micro(pre["ref_logp"]) if use_ref else None
     loss, lm = policy_loss(_from_micro(logp_M), batch["behaviour_logp"], _from_micro(adv_M), mask, r,
                            batch["truncated"], ref_logp, n_seq)

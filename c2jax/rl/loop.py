@@ -27,6 +27,7 @@ from c2jax.rl.chains import groups_to_sequences
 from c2jax.rl.config import rl_defaults, validate_rl
 from c2jax.rl.orchestrator import Orchestrator, PromptSource
 from c2jax.rl.ray_backend import RayRuntime
+from c2jax.rl.roles import rl_meshes, sampler_cfg
 from c2jax.rl.rollout import SamplerService
 from c2jax.rl.runtime import LearnerHost, make_env
 from c2jax.rl.store import GroupStore
@@ -73,10 +74,12 @@ class LocalRuntime:
     def __init__(self, cfg, workdir: str):
         r = cfg.rl
         self.env = make_env(cfg, workdir)
-        self.host = h = LearnerHost(cfg, workdir)
+        self.roles = roles = rl_meshes(cfg)
+        self.host = h = LearnerHost(cfg, workdir, roles=roles)
         self.start_step, self.consumed, self.dropped = h.start_step, h.consumed, h.dropped
-        self.service = SamplerService(h.learner.cfg, h.sampler_params(), h.start_step, r.sampler_slots,
-                                      self.env.max_len(), r.sampler_chunk, r.sampler_decode_devices)
+        self.service = SamplerService(sampler_cfg(h.learner.cfg), h.sampler_params(), h.start_step, r.sampler_slots,
+                                      self.env.max_len(), r.sampler_chunk, r.sampler_decode_devices,
+                                      mesh=roles.sampler_mesh)
         if r.log_delta:
             h.publish(h.start_step)
 
@@ -135,6 +138,9 @@ def run_rl(cfg, workdir: str, *, hooks=None) -> dict:
     for s in eval_suites:
         heldout += env.load_tasks(s, "heldout", max(r.eval_tasks // len(eval_suites), 1), cfg.seed)
     summary = {"start_step": step, "resumed_consumed": sorted(consumed), "evals": []}
+    if getattr(rt, "roles", None) is not None:   # where each role runs: the run's first record
+        summary["devices"] = rt.roles.describe()
+        writer.write(step, summary["devices"])
 
     beat = Heartbeat("rl", r.steps, start=step)
     sampling = beat.note = lambda: f"sampling and learning ({service.generated_tokens} tokens sampled)"

@@ -34,12 +34,13 @@ class Roles:
     sampler_devices: list
 
     def describe(self) -> dict:
-        """The metrics record naming each role's devices and mesh."""
-        def mesh(m):
-            return {} if m is None else {a: int(n) for a, n in m.shape.items()}
+        """The metrics record naming each role's device ids and mesh shape (sizes in mesh.axes
+        order; [1] on one device)."""
+        def shape(m):
+            return [1] if m is None else [int(n) for n in m.devices.shape]
         return {"learner_devices": [int(d.id) for d in self.learner_devices],
                 "sampler_devices": [int(d.id) for d in self.sampler_devices],
-                "learner_mesh": mesh(self.learner_mesh), "sampler_mesh": mesh(self.sampler_mesh)}
+                "learner_mesh_shape": shape(self.learner_mesh), "sampler_mesh_shape": shape(self.sampler_mesh)}
 
 
 def sampler_cfg(cfg) -> ml_collections.ConfigDict:
@@ -75,7 +76,9 @@ def rl_meshes(cfg, devices=None) -> Roles:
         n_l = math.prod(cfg.mesh.shape)
     if n_l > n_all or n_s > n_all:
         raise ConfigError(f"the learner mesh ({n_l} devices, mesh.shape {tuple(cfg.mesh.shape)}) and the sampler "
-                          f"mesh ({n_s}, rl.sampler_mesh_shape {s_shape}) need more than the {n_all} devices")
+                          f"mesh ({n_s}, rl.sampler_mesh_shape {s_shape}) need more than the {n_all} devices"
+                          + ("; on CPU, XLA_FLAGS=--xla_force_host_platform_device_count=N gives N host devices"
+                             if devices[0].platform == "cpu" else ""))
     learner = devices[:n_l]
     sampler = devices[n_l:n_l + n_s] if n_l + n_s <= n_all else devices[:n_s]
     lcfg = ml_collections.ConfigDict(cfg.to_dict())

@@ -48,9 +48,9 @@ class SamplerService:
     restarts a fresh engine on the latest weights."""
 
     def __init__(self, cfg, params, version: int, max_batch: int, max_len: int, chunk: int = 16,
-                 decode_devices: int = 1):
+                 decode_devices: int = 1, mesh=None):
         self.cfg, self.max_batch, self.max_len, self.chunk = cfg, max_batch, max_len, chunk
-        self.decode_devices = decode_devices
+        self.decode_devices, self.mesh = decode_devices, mesh
         self.params, self.version = params, int(version)
         self.sampler = self._make()
         self.inbox: queue.Queue = queue.Queue()
@@ -67,7 +67,7 @@ class SamplerService:
 
     def _make(self):
         return Sampler(self.cfg, self.params, max_batch=self.max_batch, max_len=self.max_len, chunk=self.chunk,
-                       version=self.version, decode_devices=self.decode_devices)
+                       version=self.version, decode_devices=self.decode_devices, mesh=self.mesh)
 
     @property
     def S(self) -> int:
