@@ -8,6 +8,8 @@ policy/sampler ends the episode early (finish_reason "policy_error"). A turn cut
 limit is counted (stats["truncated_turns"]) and the tool call it cut off comes back as an
 explicit truncation result, so the model learns to split large edits. A grader that raises
 is counted too (stats["grader_exceptions"], with its type in stats["grader_exception_type"]).
+The `todo` tool's list (c2jax.agent.todos) lives on the EpisodeState for the whole episode; at the
+end stats hold todos_created, todos_completed and unfinished_todos (items still open).
 
 Self-summarization hook: set EpisodeConfig.context_trigger_tokens and context_hook. Before a
 model turn, when the current segment holds >= trigger tokens, context_hook(state) is called;
@@ -37,6 +39,7 @@ from c2jax.agent import chat_format as cf
 from c2jax.agent import tools as tl
 from c2jax.agent.policy import Policy, PolicyOutput
 from c2jax.agent.task_protocol import task_attr
+from c2jax.agent.todos import TodoList
 from c2jax.agent.workspace import Workspace, count_changed_lines
 from c2jax.trajectory import Trajectory
 
@@ -90,6 +93,7 @@ class EpisodeResult:
     diff: str = ""
     final_message: str = ""
     workspace: Workspace | None = None  # only with keep_workspace
+    tool_calls: list[dict] = dataclasses.field(default_factory=list)  # [{"name", "arguments"}] in call order
 
 
 class EpisodeState:
@@ -102,6 +106,7 @@ class EpisodeState:
         self.system_text = ""    # set by run_episode: the rendered system prompt's text
         self.extra: dict = {}    # per-episode scratch space for context hooks
         self.last_limit = 0      # the token limit of the last generate() call
+        self.todos = TodoList()  # the `todo` tool's list; survives restarts (summaries, truncation)
         self._new_segment()
 
     def _new_segment(self):
@@ -207,7 +212,8 @@ def _new_stats() -> dict:
             "final_message_tokens": 0, "model_s": 0.0, "tool_s": 0.0, "grade_s": 0.0, "wall_s": 0.0,
             "interrupted": False, "segments": 1, "finish_reason": "", "error": "",
             "truncated_turns": 0, "truncated_calls": 0, "grader_exceptions": 0, "grader_exception_type": "",
-            "harness_exceptions": 0, "harness_exception_type": ""}
+            "harness_exceptions": 0, "harness_exception_type": "",
+            "todos_created": 0, "todos_completed": 0, "unfinished_todos": 0}
 
 
 def system_text(task, config: EpisodeConfig, tools: dict[str, tl.Tool]) -> str:
@@ -251,6 +257,7 @@ def run_episode(task, policy: Policy, tokenizer=None, sandbox=None, config: Epis
     if visible:  # run_tests runs the task's own visible test command instead of pytest
         ctx.test_command = tuple(visible)
     state = EpisodeState(task, policy, codec, config, stats)
+    ctx.todos = state.todos
     all_calls: list[dict] = []
     final_message = ""
     finish = ""
@@ -330,6 +337,9 @@ def run_episode(task, policy: Policy, tokenizer=None, sandbox=None, config: Epis
         stats["harness_exception_type"] = type(e).__name__
     stats["finish_reason"] = finish
     stats["final_message"] = final_message
+    stats["todos_created"] = state.todos.created
+    stats["todos_completed"] = state.todos.completed
+    stats["unfinished_todos"] = state.todos.unfinished()
     grade = None
     diff = ""
     try:
@@ -362,7 +372,7 @@ def run_episode(task, policy: Policy, tokenizer=None, sandbox=None, config: Epis
         s.group_id = group_id
     return EpisodeResult(trajectory=traj, grade=grade, stats=stats, segments=state.segments + [traj],
                          diff=diff, final_message=final_message,
-                         workspace=ws if config.keep_workspace else None)
+                         workspace=ws if config.keep_workspace else None, tool_calls=all_calls)
 
 
 TRUNCATED_CALL = ("your message reached the limit of {n} tokens per turn and was cut off here; this "

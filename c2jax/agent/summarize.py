@@ -9,7 +9,8 @@ a model turn once the current segment holds >= context_trigger_tokens tokens):
               context then restarts as
                   system + task + <|summary|>summary<|/summary|> + carried state + <|assistant|>
               where the carried state is the number of summaries so far and, when this summary
-              has no PLAN:/TODO: lines, the plan and remaining to-dos of the last one that had.
+              has no PLAN:/TODO: lines, the plan and remaining to-dos of the last one that had,
+              and the `todo` tool's list (c2jax.agent.todos) when the model has used it.
               With a HarnessSampler the summary is decoded on top of the live KV cache (only the
               query is prefilled), and after the restart only what follows the shared
               system + task prefix is prefilled.
@@ -17,8 +18,9 @@ a model turn once the current segment holds >= context_trigger_tokens tokens):
               (COMPACTION_SYSTEM / COMPACTION_PROMPT) over the full transcript as text. It does
               not continue the model's cache (the whole transcript is prefilled again), and its
               tokens are not part of any training sequence. Same restart as "self".
-  "truncate"  drop the oldest turns: restart from system + task, followed by the most recent
-              whole turns that fit in `keep_tokens` (kept history is re-prefilled).
+  "truncate"  drop the oldest turns: restart from system + task (+ the `todo` list, when used),
+              followed by the most recent whole turns that fit in `keep_tokens` (kept history is
+              re-prefilled).
   "none"      full context: no hook.
 
 Budgets: at most `max_summaries` compactions per episode (afterwards the context just grows
@@ -110,11 +112,18 @@ def extract_summary(text: str) -> tuple[str, str]:
     return summary.strip(), p.thinking
 
 
+def todo_note(state) -> str:
+    """The `todo` tool's list as restated after a restart ("" when the model never used it)."""
+    todos = getattr(state, "todos", None)
+    text = todos.render() if todos is not None else ""
+    return f"Your {text}" if text else ""
+
+
 def restart_prefix(state, summary: str, carried: CarriedState, max_summaries: int | None) -> str:
-    """system + task + summary + carried state + assistant prefix, as environment text."""
+    """system + task + summary + carried state (+ the to-do list) + assistant prefix, as environment text."""
+    note = "\n".join(x for x in (carried.render(max_summaries, summary), todo_note(state)) if x)
     return (cf.render_system(state.system_text) + cf.render_user(state.task.prompt)
-            + cf.render_summary(summary) + cf.render_user(carried.render(max_summaries, summary))
-            + cf.assistant_prefix())
+            + cf.render_summary(summary) + cf.render_user(note) + cf.assistant_prefix())
 
 
 def _policy_prefill(policy) -> int | None:
@@ -216,7 +225,9 @@ class ContextHook:
                 cut = s
                 break
         carry = state.tokens[cut:] if cut is not None else []
-        prefix = cf.render_system(state.system_text) + cf.render_user(state.task.prompt) + cf.assistant_prefix()
+        todo = todo_note(state)
+        prefix = (cf.render_system(state.system_text) + cf.render_user(state.task.prompt)
+                  + (cf.render_user(todo) if todo else "") + cf.assistant_prefix())
         dropped = n - len(carry)
         stats["truncations"] += 1
         stats["dropped_tokens"] += dropped
@@ -330,4 +341,4 @@ class PrefillMeter:
 __all__ = ["METHODS", "SUMMARIZE_QUERY", "COMPACTION_SYSTEM", "COMPACTION_PROMPT", "SummaryConfig",
            "compaction_context", "write_chain_transcripts",
            "CarriedState", "ContextHook", "PrefillMeter", "summary_episode_config", "parse_plan_todos",
-           "extract_summary", "restart_prefix", "escape_free"]
+           "extract_summary", "restart_prefix", "todo_note", "escape_free"]

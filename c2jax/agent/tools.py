@@ -1,11 +1,12 @@
-"""The agent's tools: read_file, list_dir, grep, edit_file, write_file, run, run_tests.
+"""The agent's tools: read_file, list_dir, grep, edit_file, write_file, run, run_tests, todo.
 
 File tools run in the harness but never follow a symlink: every path is walked one
 component at a time with O_NOFOLLOW from an fd of the workspace, so a link the model made
 with `run` (ln -s /etc/shadow x) cannot reach host files. grep, run and run_tests execute
-inside the sandbox. Arguments are checked strictly (unknown keys, wrong types, missing
+inside the sandbox. `todo` keeps the episode's to-do list (c2jax.agent.todos), held in the
+ToolContext. Arguments are checked strictly (unknown keys, wrong types, missing
 required ones, bad ranges are errors returned to the model). Calls in one turn run together;
-edit_file / write_file act as barriers so edits apply in the order they were written.
+edit_file / write_file / todo act as barriers so changes apply in the order they were written.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from c2jax.agent.chat_format import CallError, ToolCall
+from c2jax.agent.todos import TodoError, TodoList
 
 MAX_READ_BYTES = 2 << 20
 MAX_WRITE_CHARS = 1 << 20
@@ -60,6 +62,7 @@ class ToolContext:
     max_output_chars: int = 8000    # per tool result
     run_timeout_s: float = 30.0     # cap on `run` / `run_tests`
     test_command: tuple[str, ...] = ("python3", "-m", "pytest", "-q", "-p", "no:cacheprovider")
+    todos: TodoList = dataclasses.field(default_factory=TodoList)   # the episode's to-do list
 
 
 @dataclasses.dataclass
@@ -340,6 +343,13 @@ def _run_tests(ctx: ToolContext, a: dict) -> str:
     return _format_run(r, ctx.max_output_chars)
 
 
+def _todo(ctx: ToolContext, a: dict) -> str:
+    try:
+        return ctx.todos.apply(a["action"], a.get("id"), a.get("text"))
+    except TodoError as e:
+        raise ToolError(str(e)) from None
+
+
 ALL_TOOLS: dict[str, Tool] = {t.name: t for t in [
     Tool("read_file", "Read a text file, optionally a 1-based inclusive line range.",
          {"path": Param("string", True), "start_line": Param("integer"), "end_line": Param("integer")},
@@ -357,6 +367,11 @@ ALL_TOOLS: dict[str, Tool] = {t.name: t for t in [
          {"command": Param("string", True), "timeout_s": Param("number")}, _run),
     Tool("run_tests", "Run the repository's tests (pytest), optionally for one path.",
          {"path": Param("string")}, _run_tests),
+    Tool("todo", "Keep a to-do list: action add (text), update (id, text), complete (id), remove (id) or "
+         "list. Returns the whole list; it is kept when the context is summarized, and items left open "
+         "at the end count against the episode.",
+         {"action": Param("string", True), "id": Param("integer"), "text": Param("string")}, _todo,
+         mutating=True),
 ]}
 DEFAULT_TOOLSET = tuple(ALL_TOOLS)
 
