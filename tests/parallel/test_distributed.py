@@ -1,5 +1,6 @@
 """Two local processes (jax.distributed on CPU, 4 fake devices each) train the tiny model with
-CP and EP spanning both processes and match a single-process run's losses."""
+CP and EP spanning both processes and match a single-process run's losses: the CPT step, and the
+RL learner step (reference KL, router replay)."""
 import json
 import os
 import socket
@@ -13,6 +14,7 @@ from c2jax.config import ConfigError
 from c2jax.parallel import distributed
 
 WORKER = os.path.join(os.path.dirname(__file__), "_train_worker.py")
+RL_WORKER = os.path.join(os.path.dirname(__file__), "_rl_worker.py")
 
 
 def _env(devices, **extra):
@@ -32,14 +34,15 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def test_two_processes_match_single_process():
+@pytest.mark.parametrize("worker", [WORKER, RL_WORKER], ids=["cpt", "rl"])
+def test_two_processes_match_single_process(worker):
     args = ["mla", "2,1,2,2"]                 # data 2 x context 2 x expert 2 over 8 devices in 2 processes
     port = _free_port()
-    procs = [subprocess.Popen([sys.executable, WORKER, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    procs = [subprocess.Popen([sys.executable, worker, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True, env=_env(4, C2JAX_COORDINATOR=f"localhost:{port}",
                                                   C2JAX_NUM_PROCESSES="2", C2JAX_PROCESS_ID=str(i)))
              for i in range(2)]
-    single = subprocess.run([sys.executable, WORKER, "mla", "1,1,1,1"], capture_output=True, text=True,
+    single = subprocess.run([sys.executable, worker, "mla", "1,1,1,1"], capture_output=True, text=True,
                             env=_env(1), timeout=400, check=False)
     outs = [p.communicate(timeout=400) for p in procs]
     for p, (_, err) in zip(procs, outs):
