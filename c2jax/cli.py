@@ -22,9 +22,9 @@ COMMANDS = {
 }
 
 
-# Exceptions whose message tells the user what to do; printed without a traceback.
-USER_ERRORS = {"PipelineError", "CorpusError", "CheckpointError", "TrainingDiverged", "FileNotFoundError",
-               "SandboxUnavailable", "TaskError"}
+# Exceptions whose message tells the user what to do are printed as one line, without a traceback
+# (c2jax.failures.one_line); --debug (or C2JAX_DEBUG=1) shows the traceback too.
+from c2jax.failures import USER_ERRORS  # noqa: E402,F401
 
 
 def _parse(argv):
@@ -39,6 +39,7 @@ def _parse(argv):
     parser.add_argument("--quick", action="store_true", help="demo: a few-minute run (CI smoke)")
     parser.add_argument("--full", action="store_true",
                         help="demo: the longer run (more SFT and RL steps; about 25 minutes on 2 CPU cores)")
+    parser.add_argument("--debug", action="store_true", help="print the traceback of a user error too")
     parser.add_argument("--launch-commands", action="store_true", help="sweep: print one command per point")
     args, rest = parser.parse_known_args(argv)
     overrides = [r for r in rest if r.startswith("--config.")]
@@ -68,11 +69,29 @@ def _eval(cfg, workdir) -> int:
 
 
 def main(argv=None) -> int:
-    """CLI entry point."""
+    """CLI entry point: a user-fixable failure prints one line and returns 2 (a traceback too with
+    --debug); anything else raises."""
     from c2jax import hostmem
     # Before anything starts XLA's threads: they must allocate from the arena set up here.
     hostmem.retain_freed_memory()
-    argv = sys.argv[1:] if argv is None else argv
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv or os.environ.get("C2JAX_DEBUG") == "1"
+    argv = [a for a in argv if a != "--debug"]
+    try:
+        return _main(argv)
+    except Exception as e:
+        from c2jax.failures import one_line
+        line = one_line(e)
+        if line is None:
+            raise
+        if debug:
+            import traceback
+            traceback.print_exc()
+        print(line, file=sys.stderr)
+        return 2
+
+
+def _main(argv) -> int:
     if argv[:1] == ["convert"]:   # its own arguments (c2jax.convert)
         from c2jax.convert import main as convert_main
         return convert_main(argv[1:])
@@ -84,64 +103,55 @@ def main(argv=None) -> int:
     flags.FLAGS.mark_as_parsed()
     from c2jax.config import ConfigError, load_config
 
-    try:
-        if args.command == "demo":
-            from c2jax.pipeline import run_demo
-            if args.quick and args.full:
-                raise ConfigError("demo: --quick and --full are exclusive")
-            mode = "quick" if args.quick else "full" if args.full else "default"
-            return run_demo(args.workdir or "runs/demo", overrides, mode)
-        if args.command == "sweep":
-            from c2jax.sweep import collect, launch_commands, load_sweep, run_sweep
-            if not args.config:
-                raise ConfigError("sweep needs --config configs/sweeps/NAME.py")
-            sweep = load_sweep(args.config)
-            workdir = args.workdir or os.path.join("runs", "sweeps", os.path.basename(args.config).split(".")[0])
-            if args.launch_commands:
-                print("\n".join(launch_commands(sweep, workdir)))
-                return 0
-            results = run_sweep(sweep, workdir)
-            print(collect(workdir, list(sweep.get("metrics", []))).to_markdown())
-            return 0 if all(r.status != "failed" for r in results) else 1
-        if args.command == "eval" and not args.config:
-            spec = None
-        else:
-            spec = args.config or ("configs/stages/sft.py" if args.command == "sft" else
-                                   "configs/rl_tiny.py" if args.command == "rl" else "configs/stages/cpt.py")
-        import jax
-        # compile-check validates the mesh against the TPU topology, not this machine's devices; RL
-        # splits them between the learner's and the sampler's meshes (c2jax.rl.roles checks both)
-        devices = None if args.command in ("compile-check", "rl") else jax.device_count()
-        cfg = load_config(spec, overrides, validate_devices=devices)
-        workdir = args.workdir or os.path.join("runs", args.command)
-        if args.command in ("pretrain", "sft"):
-            if args.command == "sft":
-                cfg.train.stage = "sft"
-            elif cfg.train.stage == "sft":
-                raise ConfigError("this config is an SFT stage; run `python -m c2jax sft`")
-            from c2jax.train.loop import run_training
-            summary = run_training(cfg, workdir)
-            print(json.dumps(summary, indent=2, default=str))
+    if args.command == "demo":
+        from c2jax.pipeline import run_demo
+        if args.quick and args.full:
+            raise ConfigError("demo: --quick and --full are exclusive")
+        mode = "quick" if args.quick else "full" if args.full else "default"
+        return run_demo(args.workdir or "runs/demo", overrides, mode)
+    if args.command == "sweep":
+        from c2jax.sweep import collect, launch_commands, load_sweep, run_sweep
+        if not args.config:
+            raise ConfigError("sweep needs --config configs/sweeps/NAME.py")
+        sweep = load_sweep(args.config)
+        workdir = args.workdir or os.path.join("runs", "sweeps", os.path.basename(args.config).split(".")[0])
+        if args.launch_commands:
+            print("\n".join(launch_commands(sweep, workdir)))
             return 0
-        if args.command == "eval":
-            return _eval(cfg, workdir)
-        if args.command == "rl":
-            from c2jax.rl.loop import run_rl
-            print(json.dumps(run_rl(cfg, workdir), indent=2, default=str))
-            return 0
-        if args.command == "compile-check":
-            from c2jax.parallel.compile_check import check, main as compile_report, write_report
-            report = compile_report(cfg, args.topology)
-            if args.report:
-                write_report(report, args.report, argv if argv is not None else sys.argv[1:])
-            check(cfg, args.topology, report)  # prints the report; raises ConfigError naming the fix
-            return 0
-    except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
-        return 2
-    except Exception as e:  # user-facing failures get one clear line, not a traceback
-        if type(e).__name__ in USER_ERRORS:
-            print(f"error ({type(e).__name__}): {e}", file=sys.stderr)
-            return 2
-        raise
+        results = run_sweep(sweep, workdir)
+        print(collect(workdir, list(sweep.get("metrics", []))).to_markdown())
+        return 0 if all(r.status != "failed" for r in results) else 1
+    if args.command == "eval" and not args.config:
+        spec = None
+    else:
+        spec = args.config or ("configs/stages/sft.py" if args.command == "sft" else
+                               "configs/rl_tiny.py" if args.command == "rl" else "configs/stages/cpt.py")
+    import jax
+    # compile-check validates the mesh against the TPU topology, not this machine's devices; RL
+    # splits them between the learner's and the sampler's meshes (c2jax.rl.roles checks both)
+    devices = None if args.command in ("compile-check", "rl") else jax.device_count()
+    cfg = load_config(spec, overrides, validate_devices=devices)
+    workdir = args.workdir or os.path.join("runs", args.command)
+    if args.command in ("pretrain", "sft"):
+        if args.command == "sft":
+            cfg.train.stage = "sft"
+        elif cfg.train.stage == "sft":
+            raise ConfigError("this config is an SFT stage; run `python -m c2jax sft`")
+        from c2jax.train.loop import run_training
+        summary = run_training(cfg, workdir)
+        print(json.dumps(summary, indent=2, default=str))
+        return 0
+    if args.command == "eval":
+        return _eval(cfg, workdir)
+    if args.command == "rl":
+        from c2jax.rl.loop import run_rl
+        print(json.dumps(run_rl(cfg, workdir), indent=2, default=str))
+        return 0
+    if args.command == "compile-check":
+        from c2jax.parallel.compile_check import check, main as compile_report, write_report
+        report = compile_report(cfg, args.topology)
+        if args.report:
+            write_report(report, args.report, argv if argv is not None else sys.argv[1:])
+        check(cfg, args.topology, report)  # prints the report; raises ConfigError naming the fix
+        return 0
     return 1

@@ -175,7 +175,10 @@ def call_config_file(spec: str):
         raise ConfigError(f"config file {path!r} does not exist")
     module_spec = importlib.util.spec_from_file_location(f"_c2jax_cfg_{abs(hash(path))}", path)
     module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
+    try:
+        module_spec.loader.exec_module(module)
+    except SyntaxError as e:
+        raise ConfigError(f"{e.filename or path}:{e.lineno}: syntax error: {e.msg}; fix the config file") from None
     if not hasattr(module, "get_config"):
         raise ConfigError(f"config file {path!r} defines no get_config(arg)")
     return module.get_config(arg) if arg else module.get_config()

@@ -405,7 +405,14 @@ def token_record(tokens, loss_mask, **extra) -> str:
 
 def read_chats_jsonl(path: str) -> list:
     """Chats (lists of messages) or pre-tokenized (ids, mask) tuples, one per JSONL line."""
+    return [chat for _, chat in read_chats_lines(path)]
+
+
+def read_chats_lines(path: str) -> list:
+    """(line number, chat) for each non-empty line of a chats JSONL (as read_chats_jsonl)."""
     chats = []
+    if not os.path.isfile(path):
+        raise PipelineError(f"data.sft_path={path!r}: no such file")
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
@@ -416,14 +423,14 @@ def read_chats_jsonl(path: str) -> list:
                     ids, mask = [int(t) for t in obj["tokens"]], [int(bool(m)) for m in obj["loss_mask"]]
                     if len(ids) != len(mask):
                         raise ValueError("tokens and loss_mask differ in length")
-                    chats.append((ids, mask))
+                    chats.append((lineno, (ids, mask)))
                     continue
                 msgs = obj["messages"]
             except (ValueError, KeyError, TypeError) as e:
                 raise PipelineError(f"{path}:{lineno}: expected a JSON object with 'messages' ({e})") from e
             if not isinstance(msgs, list):
                 raise PipelineError(f"{path}:{lineno}: 'messages' must be a list")
-            chats.append(msgs)
+            chats.append((lineno, msgs))
     if not chats:
         raise PipelineError(f"{path}: no chats")
     return chats
@@ -437,11 +444,16 @@ def make_sft_iterator(jsonl_path: str, tokenizer, seq_len: int, batch_size: int,
     pre-tokenized lines {"tokens": [...], "loss_mask": [...]} (the agent harness's exact token
     format, e.g. oracle transcripts; loss_mask marks the model's tokens)."""
     chats = []
-    for item in read_chats_jsonl(jsonl_path):
+    for lineno, item in read_chats_lines(jsonl_path):
         if isinstance(item, tuple):
             chats.append(item)
-        else:
+            continue
+        try:
+            if not all(isinstance(m, Mapping) for m in item):
+                raise PipelineError("each message must be a JSON object with 'role' and 'content'")
             chats.append(render(item, tokenizer))
+        except PipelineError as e:
+            raise PipelineError(f"{jsonl_path}:{lineno}: {e}") from None
     rows = SFTRows(chats, seq_len, tokenizer.pad_id, seed=seed)
     logging.info("SFT data %s: %s", jsonl_path, dataclasses.asdict(rows.stats))
     if len(rows) == 0:

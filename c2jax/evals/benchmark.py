@@ -222,6 +222,18 @@ def eval_defaults():
     return e
 
 
+def _load_suite(name: str, e) -> list:
+    """load_suite, with a ConfigError naming eval.suites / eval.split for a name it does not know."""
+    from c2jax.errors import ConfigError
+    from c2jax.tasks import load_suite
+    try:
+        return load_suite(name, e.split, e.n_per_suite or None, e.seed)
+    except ValueError as err:
+        if str(err).startswith(("unknown task suite", "split must be", f"suite {name.split(':')[0]!r}")):
+            raise ConfigError(f"eval.suites / eval.split: {err}") from None
+        raise
+
+
 def main_eval(cfg, workdir: str | Path, *, policy_factory: Callable[[Any], Any] | None = None,
               tokenizer=None, tasks_by_suite: dict[str, list] | None = None) -> dict:
     """Runs the benchmark described by cfg.eval (defaults above); writes workdir/report.{md,json}."""
@@ -230,8 +242,7 @@ def main_eval(cfg, workdir: str | Path, *, policy_factory: Callable[[Any], Any] 
     if cfg is not None and "eval" in cfg:
         e.update(dict(cfg.eval))
     if tasks_by_suite is None:
-        from c2jax.tasks import load_suite
-        tasks_by_suite = {s: load_suite(s, e.split, e.n_per_suite or None, e.seed) for s in e.suites}
+        tasks_by_suite = {s: _load_suite(s, e) for s in e.suites}
     if policy_factory is None:
         if e.policy == "oracle":
             policy_factory = OraclePolicy

@@ -69,10 +69,22 @@ class SafetensorsFile:
         if len(head) != 8:
             raise CheckpointError(f"{path}: not a safetensors file (shorter than its header length)")
         (n,) = struct.unpack("<Q", head)
+        size = os.fstat(self._fd).st_size
+        if n > size - 8:
+            os.close(self._fd)
+            raise CheckpointError(f"{path}: corrupt safetensors header (it claims {n} bytes of a {size}-byte "
+                                  f"file); re-download or re-export this file")
         try:
             header = json.loads(os.pread(self._fd, n, 8))
+            if not isinstance(header, dict):
+                raise ValueError("the header is not a JSON object")
+            for name, e in header.items():
+                if name != "__metadata__" and not (isinstance(e, dict) and {"dtype", "shape", "data_offsets"} <= set(e)):
+                    raise ValueError(f"entry {name!r} lacks dtype/shape/data_offsets")
         except (ValueError, UnicodeDecodeError) as e:
-            raise CheckpointError(f"{path}: unreadable safetensors header ({e})") from e
+            os.close(self._fd)
+            raise CheckpointError(f"{path}: corrupt safetensors header ({e}); re-download or re-export this "
+                                  f"file") from e
         self.metadata = header.pop("__metadata__", None) or {}
         self._base = 8 + n
         self.entries = {}

@@ -25,7 +25,9 @@ from c2jax.ops.target import target_of_mesh
 from c2jax.parallel import activate, data_sharding, make_mesh
 from c2jax.parallel.distributed import global_batch
 from c2jax.progress import Heartbeat
+from c2jax.runlock import workdir_lock
 from c2jax.train.checkpoint import Checkpointer, StopFlag, abstract_like
+from c2jax.train.compat import check_run_config
 from c2jax.train.metrics import MetricsWriter, Progress, measured_matmul_peak
 from c2jax.train.optimizer import learning_rate_schedule, make_optimizer
 from c2jax.train.step import BATCH_KEYS, init_sharded_state, make_eval_step, make_train_step
@@ -65,34 +67,56 @@ def load_run_config(run_dir: str):
     return ml_collections.ConfigDict(d)
 
 
-def load_run_params(run_dir: str, cfg, shardings=None):
-    """Params of the latest checkpoint in a c2jax run directory."""
-    ckpt = Checkpointer(os.path.join(run_dir, "checkpoints"), every=1, keep=1000, async_save=False)
-    step = ckpt.latest_step()
-    if step is None:
-        raise FileNotFoundError(f"{run_dir}: no checkpoints to start from")
-    import orbax.checkpoint as ocp
+def load_run_params(run_dir: str, cfg, shardings=None, purpose: str = "convert"):
+    """Params of the newest intact checkpoint of a c2jax run directory, checked leaf for leaf
+    (shape, dtype) against cfg's model: CheckpointMismatch names the leaves that differ."""
+    ckdir = os.path.join(run_dir, "checkpoints")
+    if not os.path.isdir(run_dir):
+        raise FileNotFoundError(f"{run_dir}: no such run directory")
+    if not os.path.isdir(ckdir):
+        raise FileNotFoundError(f"{run_dir}: not a c2jax run directory (no checkpoints/ in it)")
     shapes = jax.eval_shape(lambda: init_params(cfg, jax.random.key(0)))
     if shardings is None:
         one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
         shardings = jax.tree.map(lambda _: one, shapes)
     shapes = abstract_like(shapes, shardings)
-    restored = ckpt.manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.PyTreeRestore(item={"params": shapes}, partial_restore=True)))
-    ckpt.close()
-    return restored["state"]["params"]
+    hint = (f"Its config.json does not describe its checkpoints; fix {os.path.join(run_dir, 'config.json')}"
+            if purpose == "convert" else "Set the model config to the one that run was trained with")
+    ckpt = Checkpointer(ckdir, every=1, keep=1000, async_save=False, create=False)
+    try:
+        step, params = ckpt.restore_intact(lambda s: ckpt.restore_params(s, shapes, hint=hint))
+    finally:
+        ckpt.close()
+    if step is None:
+        raise FileNotFoundError(f"{run_dir}: no checkpoints to start from")
+    return params
 
 
-def initial_params(cfg, shardings):
-    """Random init, a previous run's latest checkpoint, or an HF import (train.init_from)."""
+def check_init_from(cfg) -> None:
+    """train.init_from names an HF checkpoint or a c2jax run whose model matches cfg's (checked
+    before anything is written; FileNotFoundError or CheckpointMismatch otherwise)."""
     src = cfg.train.init_from
-    if not src:
+    if not src or _is_hf_dir(src):
+        return
+    if not os.path.isdir(src):
+        raise FileNotFoundError(f"train.init_from={src!r}: no such directory")
+    if not os.path.isdir(os.path.join(src, "checkpoints")):
+        raise FileNotFoundError(f"train.init_from={src!r} is neither a c2jax run directory (config.json and "
+                                f"checkpoints/) nor an HF checkpoint (config.json and model.safetensors)")
+    check_run_config(cfg, src, "train.init_from")
+
+
+def initial_params(cfg, shardings, random_only: bool = False):
+    """Random init, a previous run's latest checkpoint, or an HF import (train.init_from).
+    `random_only`: a resumed run, whose restore replaces every param anyway."""
+    src = cfg.train.init_from
+    if not src or random_only:
         init = jax.jit(lambda k: init_params(cfg, k), out_shardings=shardings)
         return init(jax.random.key(cfg.seed))
     if _is_hf_dir(src):
         m, params = hf.load(src, shardings=shardings, dtype=cfg.model.param_dtype)
         return params
-    return load_run_params(src, cfg, shardings)
+    return load_run_params(src, cfg, shardings, purpose="train.init_from")
 
 
 def _tokenizer_for(cfg, workdir):
@@ -133,10 +157,35 @@ def evaluate(cfg, params, tokenizer, corpus, codebase_arrays, eval_step, dsh, ba
 
 
 def run_training(cfg, workdir: str) -> dict:
-    """Run (or resume) one training stage into workdir. Returns the final summary."""
+    """Run (or resume) one training stage into workdir. Returns the final summary.
+
+    The workdir is locked for the run (c2jax.runlock); on resume the config is checked against
+    the run's config.json and the checkpoint's tree before anything is written, and the newest
+    checkpoint that restores is used."""
     os.makedirs(workdir, exist_ok=True)
+    with workdir_lock(workdir):
+        return _run_training(cfg, workdir)
+
+
+def _metrics_to_keep(start: int, total: int):
+    """Which rows of an existing metrics.jsonl a run starting at `start` keeps: those before the
+    restored step (its own rows too, except a final evaluation it will write again)."""
+    def keep(row):
+        step = row.get("step", 0)
+        evals_only = all(k in ("step", "time") or k.startswith("eval/") for k in row)
+        return step < start or (step == start and start > 0 and not (evals_only and start >= total))
+    return keep
+
+
+def _run_training(cfg, workdir: str) -> dict:
     t = cfg.train
-    _save_config(cfg, workdir)
+    ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), t.checkpoint_every, t.keep_checkpoints,
+                        t.async_checkpoint)
+    resuming = ckpt.latest_step() is not None
+    if resuming:
+        check_run_config(cfg, workdir, "resume")
+    else:
+        check_init_from(cfg)
     _tokenizer_for(cfg, workdir)
     corpus, tokenizer = load_corpus_and_tokenizer(cfg.data, workdir)
     if tokenizer.vocab_size > cfg.model.vocab_size:
@@ -148,31 +197,34 @@ def run_training(cfg, workdir: str) -> dict:
         from c2jax.config import ConfigError
         raise ConfigError("MTP heads with context parallelism (mesh context > 1) are not supported in training "
                           "yet: the MTP shift assumes in-order tokens; set model.num_mtp_layers=0")
+    if t.stage == "sft":   # the data is checked before any checkpoint is read
+        if not cfg.data.sft_path:
+            from c2jax.config import ConfigError
+            raise ConfigError("train.stage='sft' needs data.sft_path (a JSONL of chats)")
+        it = make_sft_iterator(cfg.data.sft_path, tokenizer, t.seq_len, t.batch_size, cfg.seed)
+    else:
+        it = make_train_iterator(cfg.data, tokenizer, t.seq_len, t.batch_size, cfg.seed, corpus=corpus)
     with activate(cfg, mesh):
         p_sh = param_shardings(cfg, mesh)
         dsh = data_sharding(cfg, mesh)
-        params = initial_params(cfg, p_sh)
+        params = initial_params(cfg, p_sh, random_only=resuming)
         optimizer = make_optimizer(t, target_of_mesh(mesh), params)   # train.optimizer for this mesh
         state, st_sh = init_sharded_state(cfg, optimizer, mesh, params, p_sh, cfg.seed)
         del params
         step_fn = make_train_step(cfg, optimizer, st_sh, dsh)
         eval_step = make_eval_step(cfg)
-        ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), t.checkpoint_every, t.keep_checkpoints,
-                            t.async_checkpoint)
-        if t.stage == "sft":
-            if not cfg.data.sft_path:
-                from c2jax.config import ConfigError
-                raise ConfigError("train.stage='sft' needs data.sft_path (a JSONL of chats)")
-            it = make_sft_iterator(cfg.data.sft_path, tokenizer, t.seq_len, t.batch_size, cfg.seed)
-        else:
-            it = make_train_iterator(cfg.data, tokenizer, t.seq_len, t.batch_size, cfg.seed, corpus=corpus)
         start = 0
-        if ckpt.latest_step() is not None:
-            state, data_state, _ = ckpt.restore(None, abstract_like(state, st_sh))
-            it.set_state(data_state["iterator"])
-            start = int(state["step"])
-            log.info("resumed from step %d", start)
-        writer = MetricsWriter(workdir)
+        if resuming:
+            target = abstract_like(state, st_sh)
+            hint = "Resume with the run's config (its config.json) or use a new --workdir"
+            step, restored = ckpt.restore_intact(lambda s: ckpt.restore(s, target, hint=hint), quarantine=True)
+            if restored is not None:
+                state, data_state, _ = restored
+                it.set_state(data_state["iterator"])
+                start = int(state["step"])
+                log.info("resumed from step %d", start)
+        _save_config(cfg, workdir)
+        writer = MetricsWriter(workdir, keep=_metrics_to_keep(start, t.steps))
         stop = StopFlag().install()
         # A line every 10 s while nothing else prints (compiling, evaluating, slow steps).
         beat = Heartbeat(t.stage, t.steps, every=10.0 if jax.process_index() == 0 else 1e9, start=start)
@@ -256,4 +308,4 @@ def run_training(cfg, workdir: str) -> dict:
     return summary
 
 
-__all__ = ["run_training", "TrainingDiverged", "load_run_params", "evaluate", "Tokenizer"]
+__all__ = ["run_training", "TrainingDiverged", "load_run_params", "check_init_from", "evaluate", "Tokenizer"]

@@ -16,9 +16,13 @@ import numpy as np
 class MetricsWriter:
     """Append-only metrics.jsonl plus TensorBoard scalars/histograms in the run directory."""
 
-    def __init__(self, workdir: str, tensorboard: bool = True):
+    def __init__(self, workdir: str, tensorboard: bool = True, keep=None):
+        """`keep(row) -> bool`: which rows of an existing metrics.jsonl stay (a resumed run drops
+        those past its restored step, which it writes again); None keeps them all."""
         os.makedirs(workdir, exist_ok=True)
         self.path = os.path.join(workdir, "metrics.jsonl")
+        if keep is not None and jax.process_index() == 0:
+            filter_rows(self.path, keep)
         self._f = open(self.path, "a")
         self._tb = None
         if tensorboard and jax.process_index() == 0:
@@ -46,6 +50,35 @@ class MetricsWriter:
         self._f.close()
         if self._tb is not None:
             self._tb.close()
+
+
+def filter_rows(path: str, keep) -> int:
+    """Rewrite a JSONL file with only the rows `keep` accepts (atomically: a temporary file then
+    a rename; a torn last line is dropped). Returns the number of rows dropped."""
+    if not os.path.exists(path):
+        return 0
+    kept, dropped = [], 0
+    with open(path) as f:
+        for line in f:
+            try:
+                row = json.loads(line)
+            except ValueError:
+                dropped += 1
+                continue
+            if keep(row):
+                kept.append(line if line.endswith("\n") else line + "\n")
+            else:
+                dropped += 1
+    if dropped:
+        tmp = path + ".tmp"
+        try:
+            with open(tmp, "w") as f:
+                f.writelines(kept)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+    return dropped
 
 
 def read_metrics(workdir: str) -> list[dict]:

@@ -1,0 +1,98 @@
+"""One run per directory: an exclusive lock on DIR/.lock held for a job's life.
+
+    with workdir_lock(workdir):        # raises WorkdirLocked at once if another process holds it
+        ...                            # train / sample / write checkpoints
+
+The lock is fcntl.flock on the file, so the kernel drops it when its process exits for any reason
+(SIGTERM, SIGKILL, a crash): a lock left by a dead process is never in the way. The file records
+the holder's pid, host and start time for the message a second launch prints. Only process 0 of
+a multi-process job takes it (the others share the run).
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import socket
+import time
+
+from c2jax.errors import UserError, WorkdirLocked
+
+LOCK_NAME = ".lock"
+
+
+def _holder(path: str) -> str:
+    try:
+        with open(path) as f:
+            info = json.loads(f.read() or "{}")
+    except (OSError, ValueError):
+        info = {}
+    if not info:
+        return "another process (it has not recorded its pid yet)"
+    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info.get("time", 0)))
+    return f"pid {info.get('pid')} on host {info.get('host')} (since {since})"
+
+
+class WorkdirLock:
+    """An exclusive, non-blocking lock on `workdir/.lock`; `acquire` raises WorkdirLocked naming
+    the holder's pid and host when another process has it."""
+
+    def __init__(self, workdir: str):
+        self.path = os.path.join(os.path.abspath(workdir), LOCK_NAME)
+        self._fd = None
+
+    def acquire(self) -> "WorkdirLock":
+        """Take the lock (creating the directory and lock file) or raise WorkdirLocked at once."""
+        try:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise UserError(f"cannot create the run lock {self.path}: {e.strerror}; "
+                            f"choose a writable --workdir") from e
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(fd)
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
+            raise WorkdirLocked(f"{os.path.dirname(self.path)} is in use by {_holder(self.path)}; wait for "
+                                f"that run to finish or stop it, or use another --workdir") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                  "time": time.time()}).encode(), 0)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        """Drop the lock (idempotent); the file stays, emptied, for the next run."""
+        if self._fd is None:
+            return
+        try:
+            os.ftruncate(self._fd, 0)
+        except OSError:
+            pass
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        os.close(self._fd)
+        self._fd = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+
+@contextlib.contextmanager
+def workdir_lock(workdir: str, primary: bool | None = None):
+    """Hold `workdir`'s lock for the block. `primary` (default: jax.process_index() == 0) says
+    whether this process takes it; the other processes of a multi-process job do not."""
+    if primary is None:
+        import jax
+        primary = jax.process_index() == 0
+    lock = WorkdirLock(workdir)
+    if primary:
+        lock.acquire()
+    try:
+        yield lock
+    finally:
+        lock.release()
