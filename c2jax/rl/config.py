@@ -20,6 +20,13 @@ SUMMARY_METHODS = ("none", "self", "prompt", "truncate")  # c2jax.agent.summariz
 def rl_defaults() -> ml_collections.ConfigDict:
     """Every RL field with its default; values the report does not state say so."""
     c = default_rl_loss_config()
+    # --- behaviour terms graded from each episode's end state and tool calls (c2jax.rl.rewards
+    # behaviour_stats; reward -= weight x stat, each stat in [0, 1]); the report states no values ---
+    c.behaviour_weights.eager_edits = 0.25  # a question-only task's files edited (or an edit tool called)
+    c.behaviour_weights.protected_paths = 0.25  # a protected path (tests/) changed
+    c.behaviour_weights.debug_prints = 0.1  # debug prints / breakpoints added to Python code
+    c.behaviour_weights.new_lint = 0.1  # ruff findings added to touched files (n findings: n / (1 + n))
+    c.behaviour_weights.missing_final_message = 0.1  # the episode ended without a final message
     # --- rollouts ---
     c.env = "harness"  # "harness" (agent episodes on task suites) | "toy" (token bandit; tests/benchmarks)
     c.suites = ("synthetic:1",)  # training task suites (c2jax.tasks.load_suite names)
@@ -82,6 +89,7 @@ def rl_defaults() -> ml_collections.ConfigDict:
     c.ray_env_actors = 2  # environment-worker actors (rl.env_workers concurrent episodes spread over them)
     c.ray_learner_gpus = 0.0  # GPUs reserved by the learner actor
     c.ray_sampler_gpus = 0.0  # GPUs reserved by each sampler actor
+    c.ray_host_devices = 0  # CPU hosts: XLA host devices per learner / sampler actor (0 = the process's own)
     c.toy_target = 7  # toy env: the rewarded token id
     c.toy_prompt_len = 8  # toy env: prompt length
     c.toy_latency_s = 0.0  # toy env: seconds of simulated tool / VM latency per episode (benchmarks)
@@ -134,6 +142,7 @@ def validate_rl(r, model=None) -> None:
         raise ConfigError("rl.toy_latency_s and rl.toy_latency_sigma must be >= 0")
     if r.replay_threshold < 0:
         raise ConfigError("rl.replay_threshold must be >= 0 (0 = never replace replayed experts)")
+    _validate_behaviour_weights(r, ConfigError)
     _validate_summary(r, model, ConfigError)
     if model is not None and context_window(r) + 1 > model.max_position_embeddings:
         name = "context_window" if r.context_window else "max_total_tokens"
@@ -141,7 +150,19 @@ def validate_rl(r, model=None) -> None:
                           f"={model.max_position_embeddings} (the sampler needs {name} + 1 positions)")
 
 
+def _validate_behaviour_weights(r, ConfigError) -> None:
+    from c2jax.rl.rewards import BEHAVIOUR_KEYS, GRADED_KEYS
+    for key, w in r.behaviour_weights.items():
+        if key not in BEHAVIOUR_KEYS + GRADED_KEYS:
+            raise ConfigError(f"unknown config key 'rl.behaviour_weights.{key}'; the harness reports "
+                              f"{BEHAVIOUR_KEYS + GRADED_KEYS}")
+        if not (isinstance(w, (int, float)) and 0 <= float(w) < float("inf")):
+            raise ConfigError(f"rl.behaviour_weights.{key} must be a finite number >= 0 (0 = off), got {w!r}")
+
+
 def _validate_ray(r, ConfigError) -> None:
+    if int(r.get("ray_host_devices", 0)) < 0:
+        raise ConfigError(f"rl.ray_host_devices must be >= 0 (0 = the process's own devices), got {r.ray_host_devices}")
     for key in ("ray_samplers", "ray_env_actors", "ray_num_cpus"):
         if int(r[key]) < 1:
             raise ConfigError(f"rl.{key} must be >= 1, got {r[key]}")

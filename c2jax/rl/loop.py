@@ -83,6 +83,10 @@ class LocalRuntime:
         if r.log_delta:
             h.publish(h.start_step)
 
+    def describe(self) -> dict:
+        """Each role's device ids and mesh shape."""
+        return self.roles.describe()
+
     def learn(self, trajs, adv_B, w_B) -> dict:
         return self.host.step(trajs, adv_B, w_B)
 
@@ -138,9 +142,8 @@ def run_rl(cfg, workdir: str, *, hooks=None) -> dict:
     for s in eval_suites:
         heldout += env.load_tasks(s, "heldout", max(r.eval_tasks // len(eval_suites), 1), cfg.seed)
     summary = {"start_step": step, "resumed_consumed": sorted(consumed), "evals": []}
-    if getattr(rt, "roles", None) is not None:   # where each role runs: the run's first record
-        summary["devices"] = rt.roles.describe()
-        writer.write(step, summary["devices"])
+    summary["devices"] = rt.describe()   # where each role runs: the run's first record
+    writer.write(step, summary["devices"])
 
     beat = Heartbeat("rl", r.steps, start=step)
     sampling = beat.note = lambda: f"sampling and learning ({service.generated_tokens} tokens sampled)"

@@ -129,14 +129,19 @@ class LearnerActor:
     """Owns a LearnerHost; publishes every version into workdir/weights and returns its blob."""
 
     def __init__(self, cfg, workdir: str):
+        from c2jax.rl.roles import process_roles
         self.dir = os.path.join(workdir, "weights")
-        self.host = LearnerHost(cfg, workdir, publish_dir=self.dir)
+        self.roles = process_roles(cfg, "learner")   # mesh.shape over this actor's devices
+        self.host = LearnerHost(cfg, workdir, publish_dir=self.dir, roles=self.roles)
         self.version = self.host.start_step
         self.stats = self.host.publish(self.version)
 
     def start(self) -> tuple[int, list, list]:
         h = self.host
         return h.start_step, list(h.consumed), list(h.dropped)
+
+    def devices(self) -> dict:
+        return self.roles.describe()
 
     def template(self):
         """The params tree with int leaves (the samplers rebuild the pytree from flat blobs)."""
@@ -182,6 +187,7 @@ class SamplerActor:
                  decode_devices: int = 1):
         import ray
 
+        from c2jax.rl.roles import process_roles, sampler_cfg, sampler_shardings
         from c2jax.rl.rollout import SamplerService
         self.template = template
         self._lock = threading.Lock()
@@ -189,13 +195,19 @@ class SamplerActor:
             blob = ray.get(learner.full_blob.remote())  # restarted: the newest weights, not the constructor's
         from c2jax.rl.weight_sync import apply_blob
         version, self.flat = apply_blob(None, blob)
-        self.service = SamplerService(cfg, self._params(), version, max_batch, max_len, chunk, decode_devices)
+        self.roles = process_roles(cfg, "sampler")   # rl.sampler_mesh_shape over this actor's devices
+        self.shardings = sampler_shardings(cfg, self.roles)
+        self.service = SamplerService(sampler_cfg(cfg), self._params(), version, max_batch, max_len, chunk,
+                                      decode_devices, mesh=self.roles.sampler_mesh)
 
     def _params(self):
-        import jax.numpy as jnp
-
+        """The published host arrays on this sampler's devices (its mesh's shardings)."""
+        from c2jax.rl.roles import put_on
         from c2jax.rl.weight_sync import unflatten_like
-        return jax.tree.map(jnp.asarray, unflatten_like(self.template, self.flat))
+        return put_on(unflatten_like(self.template, self.flat), self.shardings)
+
+    def devices(self) -> dict:
+        return self.roles.describe()
 
     def submit(self, request):
         return self.service.submit(request).result()
@@ -418,8 +430,12 @@ class RayRuntime:
             workdir = os.path.abspath(workdir)
             env = make_env(cfg, workdir)  # also copies the tokenizer into workdir before the actors read it
             restarts = int(r.worker_restarts)
+            devs = {}
+            if int(r.ray_host_devices):   # CPU hosts: each learner / sampler actor gets this many XLA devices
+                flags = f"--xla_force_host_platform_device_count={int(r.ray_host_devices)}"
+                devs = {"runtime_env": {"env_vars": {"XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"}}}
             self.learner = ray.remote(LearnerActor).options(num_cpus=1, num_gpus=float(r.ray_learner_gpus),
-                                                            max_restarts=0).remote(cfg, workdir)
+                                                            max_restarts=0, **devs).remote(cfg, workdir)
             self.actors.append(self.learner)
             self.start_step, self.consumed, self.dropped = ray.get(self.learner.start.remote())
             template, blob0 = self.learner.template.remote(), self.learner.latest.remote()
@@ -428,7 +444,7 @@ class RayRuntime:
             samplers = [ray.remote(SamplerActor).options(
                 num_cpus=1, num_gpus=float(r.ray_sampler_gpus), max_restarts=restarts,
                 max_concurrency=2 * r.env_workers + 4,  # training + eval episodes block a thread each
-            ).remote(learner_cfg(cfg), template, blob0, r.sampler_slots, env.max_len(), r.sampler_chunk, self.learner,
+                **devs).remote(learner_cfg(cfg), template, blob0, r.sampler_slots, env.max_len(), r.sampler_chunk, self.learner,
                       r.sampler_decode_devices)
                 for _ in range(r.ray_samplers)]
             self.actors += samplers
@@ -438,12 +454,22 @@ class RayRuntime:
             ray.get([a.pid.remote() for a in envs] + [a.version.remote() for a in samplers])  # all up
             self.env = RemoteEnv(env, envs)
             self.service = RemoteSamplers(samplers, self.learner)
+            learner_dev = ray.get(self.learner.devices.remote())
+            sampler_dev = ray.get([a.devices.remote() for a in samplers])
+            # device ids are each actor's own (every process numbers its devices from 0)
+            self._devices = {**{k: v for k, v in learner_dev.items() if k.startswith("learner")},
+                             "sampler_devices": [i for d in sampler_dev for i in d["sampler_devices"]],
+                             "sampler_mesh_shape": sampler_dev[0]["sampler_mesh_shape"]}
             self._stats, self._swap_s = None, 0.0
             log.info("ray backend: learner + %d sampler + %d env actors on %s", len(samplers), len(envs),
                      r.ray_address or "a local cluster")
         except BaseException:
             self._teardown()
             raise
+
+    def describe(self) -> dict:
+        """Each role's devices (ids within its actor's process) and mesh shape."""
+        return dict(self._devices)
 
     def learn(self, trajs, adv_B, w_B) -> dict:
         return self.ray.get(self.learner.step.remote(trajs, adv_B, w_B))

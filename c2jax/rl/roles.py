@@ -88,6 +88,24 @@ def rl_meshes(cfg, devices=None) -> Roles:
     return Roles(l_mesh, s_mesh, learner, sampler)
 
 
+def process_roles(cfg, role: str, devices=None) -> Roles:
+    """The roles of a process that holds one role alone (a Ray learner or sampler actor): the
+    learner's mesh.shape, or the sampler's rl.sampler_mesh_shape, over this process's devices."""
+    from c2jax.parallel.mesh import make_mesh
+    devices = list(devices if devices is not None else jax.local_devices())
+    if role == "learner":
+        lcfg = ml_collections.ConfigDict(cfg.to_dict())
+        lcfg.mesh.shape = mesh_shape(cfg.mesh, len(devices))
+        return Roles(make_mesh(lcfg, devices) if len(devices) > 1 else None, None, devices, [])
+    s_shape = tuple(int(x) for x in cfg.rl.sampler_mesh_shape)
+    n_s = math.prod(s_shape) if s_shape else 1
+    if n_s > len(devices):
+        raise ConfigError(f"rl.sampler_mesh_shape {s_shape} needs {n_s} devices; this sampler process has "
+                          f"{len(devices)}")
+    mesh = make_mesh(sampler_cfg(cfg), devices[:n_s]) if s_shape and n_s > 1 else None
+    return Roles(None, mesh, [], devices[:n_s])
+
+
 def cast_floating(params, dtype):
     """params with every floating leaf cast to dtype (None: unchanged), each where it lies."""
     if dtype is None:

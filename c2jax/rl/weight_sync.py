@@ -19,6 +19,7 @@ import threading
 import zlib
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
@@ -63,7 +64,7 @@ def _unpack(blob: bytes) -> tuple[dict, dict[str, np.ndarray]]:
 def encode_full(flat: dict[str, np.ndarray], version: int, level: int = 1) -> bytes:
     arrays = {f"{i}": np.ascontiguousarray(v) for i, v in enumerate(flat.values())}
     header = {"kind": "full", "version": version, "keys": list(flat),
-              "shapes": [list(v.shape) for v in flat.values()], "dtypes": [v.dtype.str for v in flat.values()]}
+              "shapes": [list(v.shape) for v in flat.values()], "dtypes": [v.dtype.name for v in flat.values()]}
     return _pack(arrays, header, level)
 
 
@@ -89,11 +90,18 @@ def encode_delta(prev: dict[str, np.ndarray], new: dict[str, np.ndarray], versio
     return _pack(arrays, header, level), {"changed": changed, "total": total}
 
 
+def _as_dtype(a: np.ndarray, name: str) -> np.ndarray:
+    """a as dtype `name` (a name, e.g. "bfloat16", or a numpy type string); the archive returns
+    ml_dtypes' types (bfloat16, float8) as raw void bytes, which are reinterpreted, not converted."""
+    dt = np.dtype(jnp.dtype(name)) if not name.startswith(("<", ">", "|")) else np.dtype(name)
+    return a.view(dt) if a.dtype.kind == "V" else a.astype(dt, copy=False)
+
+
 def apply_blob(prev: dict[str, np.ndarray] | None, blob: bytes) -> tuple[int, dict[str, np.ndarray]]:
     """Decode a full or delta blob (delta: onto prev). Returns (version, flat params)."""
     header, arrays = _unpack(blob)
     if header["kind"] == "full":
-        flat = {k: arrays[f"{i}"].reshape(header["shapes"][i]).astype(np.dtype(header["dtypes"][i]), copy=False)
+        flat = {k: _as_dtype(arrays[f"{i}"].reshape(header["shapes"][i]), header["dtypes"][i])
                 for i, k in enumerate(header["keys"])}
         return header["version"], flat
     if prev is None:

@@ -125,3 +125,26 @@ def test_killed_env_and_sampler_actors_are_restarted(cluster, tmp_path):
     got = rows(str(tmp_path / "run"))
     assert [m["step"] for m in got] == [1, 2, 3]
     assert sorted(g for m in got for g in m["trained_groups"]) == list(range(6))
+
+
+def test_ray_actors_on_meshes(cluster, tmp_path):
+    """The learner actor on FSDP 2 x EP 2 over its 4 devices, the sampler actor on batch 2 x
+    experts 2 over its own 4: the first step's loss matches the one-device threads run, and the
+    sampler actor's weights equal the learner's bf16 cast, bit for bit."""
+    over = dict(staleness=0, steps=2, eval_every=-1, sync_dtype="bfloat16")
+    final = {}
+
+    def grab(step, orch, svc):
+        final.update(sampler=svc.params, learner=ray.get(svc.learner.params.remote()))
+    cfg = load_config(os.path.join(ROOT, "configs/rl_tiny.py:toy_mesh"),
+                      [f"--config.rl.{k}={v}" for k, v in dict(backend="ray", ray_host_devices=4, **over).items()])
+    run_rl(cfg, str(tmp_path / "ray"), hooks={"after_step": grab})
+    run_rl(toy_cfg(**over), str(tmp_path / "one"))
+    first = read_metrics(str(tmp_path / "ray"))[0]
+    assert first["learner_mesh_shape"] == [1, 2, 1, 2] and first["learner_devices"] == [0, 1, 2, 3]
+    assert first["sampler_mesh_shape"] == [2, 1, 1, 2] and first["sampler_devices"] == [0, 1, 2, 3]
+    r_rows, o_rows = rows(str(tmp_path / "ray")), rows(str(tmp_path / "one"))
+    assert len(r_rows) == 2 and abs(r_rows[0]["loss"] - o_rows[0]["loss"]) <= 1e-3
+    for s, l in zip(jax.tree.leaves(final["sampler"]), jax.tree.leaves(final["learner"])):
+        assert s.dtype == np.dtype(jax.numpy.bfloat16) or not np.issubdtype(l.dtype, np.floating)
+        np.testing.assert_array_equal(np.asarray(s), np.asarray(l).astype(s.dtype))
