@@ -35,6 +35,11 @@ def _holder(path: str) -> str:
     return f"pid {info.get('pid')} on host {info.get('host')} (since {since})"
 
 
+def _busy(path: str) -> WorkdirLocked:
+    return WorkdirLocked(f"{os.path.dirname(path)} is in use by {_holder(path)}; wait for that run to finish "
+                         f"or stop it, or use another --workdir")
+
+
 class WorkdirLock:
     """An exclusive, non-blocking lock on `workdir/.lock`; `acquire` raises WorkdirLocked naming
     the holder's pid and host when another process has it."""
@@ -57,8 +62,7 @@ class WorkdirLock:
             os.close(fd)
             if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 raise
-            raise WorkdirLocked(f"{os.path.dirname(self.path)} is in use by {_holder(self.path)}; wait for "
-                                f"that run to finish or stop it, or use another --workdir") from None
+            raise _busy(self.path) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
                                   "time": time.time()}).encode(), 0)
@@ -80,6 +84,24 @@ class WorkdirLock:
     @property
     def held(self) -> bool:
         return self._fd is not None
+
+
+def ensure_free(workdir: str) -> None:
+    """Raise WorkdirLocked if another process holds `workdir`'s lock (a cheap check a launcher can
+    make before its slow imports; it creates nothing and holds nothing)."""
+    path = os.path.join(os.path.abspath(workdir), LOCK_NAME)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as e:
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise _busy(path) from None
+        raise
+    finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager

@@ -151,17 +151,18 @@ _REQUIRED = ("_CHECKPOINT_METADATA", "state/_METADATA", "state/manifest.ocdbt", 
 def describe_failure(step_dir: str, exc: BaseException) -> str:
     """'FILE: cause' for a step that failed to restore: the first required file that is missing
     or empty, else a path under step_dir named in the error, else the step directory."""
-    cause = " ".join(str(exc).split())[:200] or type(exc).__name__
+    root = list(_chain(exc))[-1]      # the innermost error is the specific one (tensorstore's)
+    cause = f"{type(root).__name__}: " + (" ".join(str(root).split())[:300] or "no message")
     for rel in _REQUIRED:
         item = os.path.join(step_dir, rel.split("/")[0]) if "/" in rel else step_dir
         path = os.path.join(step_dir, rel)
         if os.path.isdir(item) and (not os.path.exists(path) or os.path.getsize(path) == 0):
-            return f"{path} is {'missing' if not os.path.exists(path) else 'empty'} ({type(exc).__name__})"
-    for e in _chain(exc):
+            return f"{path} is {'missing' if not os.path.exists(path) else 'empty'} ({cause})"
+    for e in reversed(list(_chain(exc))):
         m = re.search(re.escape(step_dir) + r"[^\s'\"\],]*", str(e))
         if m:
-            return f"{m.group(0)}: {type(exc).__name__}: {cause}"
-    return f"{step_dir}: {type(exc).__name__}: {cause}"
+            return f"{m.group(0)}: {cause}"
+    return f"{step_dir}: {cause}"
 
 
 def _chain(exc):
