@@ -20,9 +20,16 @@ Episode stats the harness supplies (a dict; numbers, bools count as 0/1):
     "turns"                 number of model turns (one turn may hold several parallel calls)
   behaviour:
     "malformed_calls"          tool calls that failed to parse / validate
-    "unfinished_todos"         to-do items still open at the end of the episode
+    "unfinished_todos"         items of the `todo` tool's list still open at the end of the episode
     "comment_reasoning_lines"  lines of reasoning dumped into code comments
     "terminal_only"            1 if every tool call went through the shell (no read/edit tools)
+  behaviour from the end state and tool calls (`behaviour_stats`: the graders of
+  c2jax.tasks.behaviour, each 1 - the grader's score in [0, 1]):
+    "eager_edits"              a question-only task whose files were edited (or an edit tool called)
+    "protected_paths"          a protected path (tests) was changed
+    "debug_prints"             debug prints / breakpoints added to Python code
+    "new_lint"                 ruff findings added to touched files (n findings: n / (1 + n))
+    "missing_final_message"    the episode ended without a final message to the user
 A key whose weight is nonzero must be present; set its weight to 0 to switch a term off.
 Extra behaviour terms are added by adding a weight under `behaviour_weights` with the same name
 as the stats key.
@@ -38,6 +45,8 @@ import jax.numpy as jnp
 EFFORT_KEYS = ("thinking_tokens", "tool_call_tokens", "tool_output_tokens",
                "final_message_tokens", "tool_calls", "turns")
 BEHAVIOUR_KEYS = ("malformed_calls", "unfinished_todos", "comment_reasoning_lines", "terminal_only")
+GRADED_KEYS = ("eager_edits", "protected_paths", "debug_prints", "new_lint", "missing_final_message")
+DEFAULT_PROTECTED = ("tests/*", "test_*.py", "*/tests/*")
 
 
 def length_penalty(x, k: float, q: float):
@@ -98,3 +107,28 @@ def compute_reward(verifier_score: float, stats: Mapping[str, Any], cfg) -> tupl
         raise ValueError(f"reward is not finite: terms={terms}")
     terms["total"] = total
     return total, terms
+
+
+def behaviour_stats(original_files: Mapping[str, str] | None, final_files: Mapping[str, str] | None,
+                    final_message: str = "", tool_calls: list[dict] | None = None, task=None) -> dict[str, float]:
+    """The GRADED_KEYS stats of one episode (penalty sizes, 0 = clean) from the behaviour graders
+    (c2jax.tasks.behaviour.behaviour_reward_terms), plus "comment_reasoning_lines". A task whose
+    metadata["behaviour"] says category "question" (or metadata["question_only"]) must not edit;
+    metadata["behaviour"]["protected"] overrides the protected path patterns."""
+    from c2jax.tasks.behaviour import behaviour_reward_terms, check_no_reasoning_comments
+    meta = getattr(task, "metadata", None) or {}
+    beh = meta.get("behaviour") or {}
+    question_only = bool(meta.get("question_only")) or beh.get("category") == "question"
+    out = {"missing_final_message": float(not (final_message or "").strip())}
+    if original_files is None or final_files is None:  # no end state: only what the episode said
+        return {**{k: 0.0 for k in GRADED_KEYS}, **out, "comment_reasoning_lines": 0}
+    orig, final = dict(original_files), dict(final_files)
+    terms = behaviour_reward_terms(orig, final, final_message, list(tool_calls or []),
+                                   protected=tuple(beh.get("protected") or DEFAULT_PROTECTED),
+                                   question_only=question_only)
+    out.update({"eager_edits": 1.0 - terms.get("no_edits", 1.0),
+                "protected_paths": 1.0 - terms["protected_paths_untouched"],
+                "debug_prints": 1.0 - terms["no_debug_prints"],
+                "new_lint": 1.0 - terms["no_new_lint"]})
+    out["comment_reasoning_lines"] = len(check_no_reasoning_comments(orig, final).details["problems"])
+    return out

@@ -19,7 +19,7 @@ from concurrent.futures import Future
 
 import numpy as np
 
-from c2jax.rl.rewards import compute_reward
+from c2jax.rl.rewards import behaviour_stats, compute_reward
 from c2jax.sampling import Request, Sampler
 from c2jax.sampling.api import turn_request
 from c2jax.trajectory import Trajectory
@@ -246,18 +246,19 @@ def toy_latency(rl, key: str) -> float:
     return float(rl.toy_latency_s * np.exp(sigma * z - 0.5 * sigma ** 2))
 
 
-def reward_stats(stats: dict, original_files: dict | None, final_files: dict | None) -> dict:
-    """The reward stats (c2jax.rl.rewards keys) from the harness's episode stats and end state."""
+def reward_stats(stats: dict, original_files: dict | None, final_files: dict | None, task=None,
+                 tool_calls: list[dict] | None = None) -> dict:
+    """The reward stats (c2jax.rl.rewards keys) from the harness's episode stats, end state and
+    tool calls (default: one call per name counted in stats["tool_calls_by_name"])."""
     out = {k: stats.get(k, 0) for k in ("thinking_tokens", "tool_call_tokens", "tool_output_tokens",
                                          "final_message_tokens", "tool_calls", "turns", "malformed_calls")}
-    out["unfinished_todos"] = int(stats.get("unfinished_todos", 0))  # the harness has no to-do tool yet
+    out["unfinished_todos"] = int(stats.get("unfinished_todos", 0))  # open items of the `todo` tool
     by_name = stats.get("tool_calls_by_name") or {}
-    out["terminal_only"] = int(bool(by_name) and set(by_name) <= {"run", "run_tests"})
-    lines = 0
-    if original_files is not None and final_files is not None:
-        from c2jax.tasks.behaviour import check_no_reasoning_comments
-        lines = len(check_no_reasoning_comments(original_files, final_files).details["problems"])
-    out["comment_reasoning_lines"] = lines
+    names = set(by_name) - {"todo"}  # the to-do list is bookkeeping, not a way to read or edit
+    out["terminal_only"] = int(bool(names) and names <= {"run", "run_tests"})
+    if tool_calls is None:
+        tool_calls = [{"name": n, "arguments": {}} for n, k in by_name.items() for _ in range(int(k))]
+    out.update(behaviour_stats(original_files, final_files, stats.get("final_message", ""), tool_calls, task))
     return out
 
 
@@ -317,7 +318,8 @@ class HarnessEnv:
                 res.workspace.cleanup()
         traj = res.trajectory
         score = float(getattr(res.grade, "score", 0.0)) if res.grade is not None else 0.0
-        total, terms = compute_reward(score, reward_stats(res.stats, dict(task.files), final), r)
+        stats = reward_stats(res.stats, dict(task.files), final, task, res.tool_calls)
+        total, terms = compute_reward(score, stats, r)
         traj.reward, traj.reward_terms = total, terms
         passed = bool(getattr(res.grade, "passed", False))
         if r.summary_method == "none":

@@ -42,7 +42,9 @@ def test_harness_rl_step0_invariants_and_reward_terms(tmp_path):
     assert abs(m["importance_ratio_mean"] - 1) <= 1e-4 and m["kl_ref_k1"] == 0.0
     for k in ("reward/verifier", "reward/length_penalty", "reward/behaviour/malformed_calls",
               "reward/behaviour/unfinished_todos", "reward/behaviour/comment_reasoning_lines",
-              "reward/behaviour/terminal_only", "reward/effort_x"):
+              "reward/behaviour/terminal_only", "reward/effort_x", "reward/behaviour/eager_edits",
+              "reward/behaviour/protected_paths", "reward/behaviour/debug_prints", "reward/behaviour/new_lint",
+              "reward/behaviour/missing_final_message"):
         assert k in m
 
 

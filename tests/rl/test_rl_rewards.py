@@ -95,3 +95,27 @@ def test_missing_stat_raises_unless_weight_zero():
     cfg.behaviour_weights.unfinished_todos = 0.0
     total, terms = compute_reward(0.0, stats, cfg)
     assert total == 0.0 and terms["behaviour/unfinished_todos"] == 0.0
+
+
+def test_behaviour_stats_from_the_graders():
+    import types
+
+    from c2jax.rl.rewards import GRADED_KEYS, behaviour_stats
+    orig = {"calc.py": "def add(a, b):\n    return a - b\n", "tests/test_calc.py": "assert True\n"}
+    clean = {**orig, "calc.py": "def add(a, b):\n    return a + b\n"}
+    s = behaviour_stats(orig, clean, "Fixed add.", [{"name": "edit_file"}])
+    assert set(GRADED_KEYS) <= set(s) and all(s[k] == 0 for k in s)
+    messy = {"calc.py": "import os\nimport sys\ndef add(a, b):\n    print(a)\n    return a + b\n",
+             "tests/test_calc.py": "pass\n"}
+    s = behaviour_stats(orig, messy, "", [{"name": "write_file"}])
+    assert s["debug_prints"] == 1.0 and s["protected_paths"] == 1.0 and s["missing_final_message"] == 1.0
+    assert s["new_lint"] == pytest.approx(2 / 3)      # two unused imports: n / (1 + n)
+    assert s["eager_edits"] == 0.0                   # only question-only tasks must not edit
+    question = types.SimpleNamespace(metadata={"behaviour": {"category": "question"}})
+    assert behaviour_stats(orig, orig, "It is line 2.", [{"name": "edit_file"}], question)["eager_edits"] == 1.0
+    assert behaviour_stats(orig, orig, "It is line 2.", [{"name": "read_file"}], question)["eager_edits"] == 0.0
+    rules = types.SimpleNamespace(metadata={"behaviour": {"protected": ["calc.py"]}})
+    s = behaviour_stats(orig, clean, "Fixed.", [], rules)
+    assert s["protected_paths"] == 1.0
+    s = behaviour_stats(None, None, "", [])                # no end state: only the final message is known
+    assert s["missing_final_message"] == 1.0 and s["eager_edits"] == s["debug_prints"] == 0.0
