@@ -154,24 +154,31 @@ def _ruff_command() -> list[str] | None:
 
 def ruff_findings(files: dict[str, str]) -> dict[str, list[str]] | None:
     """{path: [rule codes]} from `ruff check` over the given .py files; None without ruff."""
-    py = {p: s for p, s in files.items() if p.endswith(".py")}
-    if not py:
-        return {}
+    found = ruff_findings_sets([files])
+    return None if found is None else found[0]
+
+
+def ruff_findings_sets(file_sets: list[dict[str, str]]) -> list[dict[str, list[str]]] | None:
+    """ruff_findings of each file set, from one ruff run (set i in its own directory)."""
+    pys = [{p: s for p, s in files.items() if p.endswith(".py")} for files in file_sets]
+    if not any(pys):
+        return [{} for _ in pys]
     cmd = _ruff_command()
     if cmd is None:
         return None
     with tempfile.TemporaryDirectory(prefix="c2jax_ruff_") as d:
-        for p, s in py.items():
-            f = Path(d) / p
-            f.parent.mkdir(parents=True, exist_ok=True)
-            f.write_text(s)
+        for i, py in enumerate(pys):
+            for p, s in py.items():
+                f = Path(d) / str(i) / p
+                f.parent.mkdir(parents=True, exist_ok=True)
+                f.write_text(s)
         r = subprocess.run(cmd + ["check", "--isolated", "--no-cache", "--output-format", "json",
                                   "--select", RUFF_SELECT, "--exit-zero", "."],
                            check=False, cwd=d, capture_output=True, text=True, timeout=60)
-        out: dict[str, list[str]] = {p: [] for p in py}
+        out: list[dict[str, list[str]]] = [{p: [] for p in py} for py in pys]
         for item in json.loads(r.stdout or "[]"):
-            rel = Path(item["filename"]).resolve().relative_to(Path(d).resolve()).as_posix()
-            out.setdefault(rel, []).append(item.get("code") or "syntax")
+            i, _, rel = Path(item["filename"]).resolve().relative_to(Path(d).resolve()).as_posix().partition("/")
+            out[int(i)].setdefault(rel, []).append(item.get("code") or "syntax")
     return out
 
 
@@ -179,19 +186,29 @@ def check_ruff_clean(original_files: dict[str, str], final_files: dict[str, str]
     changed = [p for p in _changed_paths(original_files, final_files) if p.endswith(".py") and p in final_files]
     if not changed:
         return Check("no_new_lint", True, 1.0, {"added": {}})
-    before = ruff_findings({p: original_files[p] for p in changed if p in original_files})
-    after = ruff_findings({p: final_files[p] for p in changed})
-    if before is None or after is None:
+    added = _added_lint(tuple((p, original_files.get(p), final_files[p]) for p in changed))
+    if added is None:
         return Check("no_new_lint", True, 1.0, {"skipped": "ruff is not installed"})
+    n = sum(added.values())
+    return Check("no_new_lint", n == 0, 1.0 / (1.0 + n), {"added": dict(added)})
+
+
+@functools.lru_cache(maxsize=256)
+def _added_lint(changed: tuple[tuple[str, str | None, str], ...]) -> dict[str, int] | None:
+    """{"path:code": n} ruff findings added by the changes ((path, before or None, after) each);
+    cached: an episode's grader and its RL reward ask about the same end state."""
+    found = ruff_findings_sets([{p: b for p, b, _ in changed if b is not None}, {p: a for p, _, a in changed}])
+    if found is None:
+        return None
+    before, after = found
     added = {}
-    for p in changed:
+    for p, _, _ in changed:
         b, a = before.get(p, []), after.get(p, [])
         for code in set(a):
             extra = a.count(code) - b.count(code)
             if extra > 0:
                 added[f"{p}:{code}"] = extra
-    n = sum(added.values())
-    return Check("no_new_lint", n == 0, 1.0 / (1.0 + n), {"added": added})
+    return added
 
 
 _DEBUG_CALLS = ("print", "breakpoint", "pprint", "set_trace", "ic")
