@@ -9,11 +9,21 @@ devices of a TPU topology (e.g. "v5p:4x4x4") without the hardware, and `jit(...)
     steps of one token per row against a full KV cache, sampling, logprobs, routed expert ids and
     cache writes; bf16 weights, stored pre-quantized as the sampler stores them when model.quant
     is set; dropless MoE; on the decode mesh),
+and, for a config whose `rl` section is meant for the pod (pod.compile_rl, the pods' `:rl`
+variants),
+  - the RL learner step (c2jax.rl.learner.rl_train_step on the learner cfg: the reference's
+    forward in the params' shardings when rl.kl_coef > 0, the no-replay forward when
+    rl.noreplay_metrics, the differentiated forward with the sampler's experts forced (router
+    replay), AdamW; state donated, the RL batch sharded by c2jax.rl.learner.batch_shardings), and
+  - the learner -> sampler weight move (c2jax.rl.roles.reshard): the cast to rl.sync_dtype from
+    the learner's param shardings to the sampler mesh's (rl.sampler_mesh_shape, the same chips),
+    compiled as the one program jax.device_put runs for it,
 then read per-chip HBM from memory_analysis() and FLOPs from cost_analysis(), and compare them
 with the chip's HBM capacity and peak bf16 FLOP/s.
 
 Pod configs add a `pod` section (see configs/pods/): topology, decode_batch, decode_len,
-decode_mesh_shape, hbm_headroom. `main(cfg, topology)` returns the report dict; `format_report`
+decode_mesh_shape (for RL configs: rl.sampler_mesh_shape, see `decode_mesh_shape`), hbm_headroom,
+compile_rl. `main(cfg, topology)` returns the report dict; `format_report`
 renders it; a config that does not fit raises ConfigError naming what to change (after the
 report is printed by the CLI).
 """
@@ -50,10 +60,11 @@ def pod_defaults() -> ml_collections.ConfigDict:
     p.topology = "v5p:2x2x1"          # TPU slice, "<chip>:<AxBxC>"
     p.decode_batch = 0                # sampler rows for the decode-step compile (0 = one per chip)
     p.decode_len = 4096               # KV cache slots per row in the decode-step compile
-    p.decode_mesh_shape = ()          # mesh.shape for decoding (() = the training mesh)
+    p.decode_mesh_shape = ()          # mesh.shape for decoding (() = rl.sampler_mesh_shape, else the training mesh)
     p.decode_chunk = 32               # decode steps per on-device loop (the sampler's `chunk`)
     p.hbm_headroom = 0.9              # a config "fits" when peak HBM <= headroom * capacity
     p.compile_decode = True           # also compile the sampler decode step
+    p.compile_rl = False              # also compile the RL learner step and the learner -> sampler reshard
     return p
 
 
@@ -64,6 +75,19 @@ def pod_cfg(cfg) -> ml_collections.ConfigDict:
             with p.ignore_type():
                 p[k] = v
     return p
+
+
+def decode_mesh_shape(cfg) -> tuple:
+    """The sampler's mesh shape: rl.sampler_mesh_shape when set (an RL config's sampler; the decode
+    compile and the reshard use it), else pod.decode_mesh_shape (() = the training mesh). A config
+    that sets both to different shapes is refused: one field says where the sampler runs."""
+    pod = pod_cfg(cfg)
+    rl_shape = tuple(cfg.rl.sampler_mesh_shape) if "rl" in cfg else ()
+    pod_shape = tuple(pod.decode_mesh_shape)
+    if rl_shape and pod_shape and rl_shape != pod_shape:
+        raise ConfigError(f"pod.decode_mesh_shape {pod_shape} and rl.sampler_mesh_shape {rl_shape} disagree; the "
+                          f"sampler's mesh is rl.sampler_mesh_shape: drop pod.decode_mesh_shape")
+    return rl_shape or pod_shape
 
 
 def chip_spec(topology: str) -> tuple[str, float, float]:
@@ -194,16 +218,12 @@ def _decode_cfg(cfg, shape, batch: int):
     return d
 
 
-def compile_decode_step(cfg, devices, batch: int, cache_len: int, chunk: int = 32):
-    """Lower the sampler's jitted decode chunk (`chunk` steps) on the decode mesh; returns
-    (Lowered, decode mesh, {op: {implementation: call sites}} traced)."""
-    from c2jax.models import abstract_params, init_cache, param_shardings
-    from c2jax.parallel.mesh import activate, logical_to_mesh_spec, make_mesh
+def sampler_params(cfg, mesh):
+    """(sampler model cfg, abstract sharded weights) as the sampler holds them on `mesh`: bf16 when
+    model.dtype is, the experts pre-quantized when model.quant is set."""
+    from c2jax.models import abstract_params, param_shardings
     from c2jax.sampling import quantized
-    from c2jax.sampling.decode_weights import DecodeWeights
-    from c2jax.sampling.engine import decode_program, sampler_model_cfg
-    from c2jax.sampling.rows import init_row_state
-    mesh = make_mesh(cfg, devices)
+    from c2jax.sampling.engine import sampler_model_cfg
     m = sampler_model_cfg(cfg)
     m.param_dtype = "bfloat16" if m.dtype == "bfloat16" else m.param_dtype
     p_sh = param_shardings(cfg, mesh)
@@ -211,6 +231,19 @@ def compile_decode_step(cfg, devices, batch: int, cache_len: int, chunk: int = 3
     if m.quant != "none":    # the sampler's storage (quant_scope "experts")
         qparams = jax.eval_shape(lambda p: quantized.quantize_params(p, m.quant, "experts"), params)
         params = _abstract(qparams, quantized.quantized_shardings(qparams, p_sh, mesh))
+    return m, params
+
+
+def compile_decode_step(cfg, devices, batch: int, cache_len: int, chunk: int = 32):
+    """Lower the sampler's jitted decode chunk (`chunk` steps) on the decode mesh; returns
+    (Lowered, decode mesh, {op: {implementation: call sites}} traced)."""
+    from c2jax.models import init_cache
+    from c2jax.parallel.mesh import activate, logical_to_mesh_spec, make_mesh
+    from c2jax.sampling.decode_weights import DecodeWeights
+    from c2jax.sampling.engine import decode_program
+    from c2jax.sampling.rows import init_row_state
+    mesh = make_mesh(cfg, devices)
+    m, params = sampler_params(cfg, mesh)
     weights = DecodeWeights(params, None, "quantized" if m.quant != "none" else "float")
     cache_shapes = jax.eval_shape(lambda: init_cache(m, batch, cache_len))
     with activate(cfg, mesh):
@@ -229,6 +262,98 @@ def compile_decode_step(cfg, devices, batch: int, cache_len: int, chunk: int = 3
         with record_choices() as kernels:
             lowered = decode.lower(weights, cache, state, min_live, C=chunk)
         return lowered, mesh, kernels
+
+
+def rl_no_grad_forwards(cfg) -> dict:
+    """The forwards without gradient the RL learner step runs besides the differentiated one:
+    {"reference": 1} when rl.kl_coef > 0, {"noreplay": 1} with rl.noreplay_metrics (and router
+    replay on an MoE model)."""
+    from c2jax.models.transformer import layer_counts, model_cfg
+    r = cfg.rl
+    out = {}
+    if r.kl_coef > 0:
+        out["reference"] = 1
+    if r.router_replay and r.get("noreplay_metrics", True) and layer_counts(model_cfg(cfg))[1] > 0:
+        out["noreplay"] = 1
+    return out
+
+
+def abstract_rl_batch(cfg, mesh, batch_size: int, seq_len: int) -> dict:
+    """The learner's RL batch (c2jax.rl.learner.build_batch's keys, shapes and dtypes; forced_ids
+    [N MoE layers, B, L, K] for router replay) as ShapeDtypeStructs in batch_shardings' layout.
+    Under CP the model keys enter zigzag-permuted, which does not change their shapes."""
+    from c2jax.models.transformer import layer_counts, model_cfg
+    from c2jax.rl.learner import batch_shardings
+    m = model_cfg(cfg)
+    B, L = batch_size, seq_len
+    shapes = {"inputs": ((B, L), jnp.int32), "targets": ((B, L), jnp.int32), "positions": ((B, L), jnp.int32),
+              "segment_ids": ((B, L), jnp.int32), "loss_mask": ((B, L), jnp.bool_),
+              "behaviour_logp": ((B, L), jnp.float32), "advantages": ((B,), jnp.float32),
+              "truncated": ((B,), jnp.bool_), "num_sequences": ((), jnp.float32)}
+    n_moe = layer_counts(m)[1]
+    if n_moe:
+        shapes["forced_ids"] = ((n_moe, B, L, m.num_experts_per_tok), jnp.int32)
+    batch = {k: jax.ShapeDtypeStruct(shape, dt) for k, (shape, dt) in shapes.items()}
+    sh = batch_shardings(cfg, mesh, batch)
+    return {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sh[k]) for k, v in batch.items()}
+
+
+def compile_rl_step(cfg, mesh, state=None):
+    """Lower the real RL learner step (c2jax.rl.learner.make_rl_step: state donated and kept in its
+    shardings) for `mesh`; `cfg` is the learner's (c2jax.rl.learner.learner_cfg). The reference
+    params (rl.kl_coef > 0) are a second params tree in the params' shardings and dtype, as the
+    Learner holds them. Returns (Lowered, abstract batch, abstract reference or None)."""
+    from c2jax.parallel.mesh import activate
+    from c2jax.rl.learner import make_rl_step
+    t = cfg.train
+    optimizer, st_sh, state = state or abstract_train_state(cfg, mesh)
+    ref = state["params"] if cfg.rl.kl_coef > 0 else None
+    batch = abstract_rl_batch(cfg, mesh, t.batch_size, t.seq_len)
+    with activate(cfg, mesh):
+        step = make_rl_step(cfg, optimizer, st_sh)
+        return step.lower(state, ref, batch), batch, ref
+
+
+COLLECTIVES = ("all-gather", "all-to-all", "collective-permute", "reduce-scatter", "all-reduce")
+
+
+def collectives(hlo_text: str) -> dict[str, int]:
+    """{collective: instructions} in a compiled program's HLO text (an async pair counts once, by
+    its -start; ragged-all-to-all is not all-to-all)."""
+    return {op: len(re.findall(rf"(?<![\w-]){op}(?:-start)?\(", hlo_text)) for op in COLLECTIVES}
+
+
+def _in_device_order(sharding: NamedSharding, mesh) -> NamedSharding:
+    """`sharding`'s placement (same chips, same shard on each) written over `mesh`'s device order,
+    as jax.device_put does before it moves an array between two meshes of the same chips (one
+    jitted program needs one device order; the relabel moves no data)."""
+    if [d.id for d in sharding.mesh.devices.flat] == [d.id for d in mesh.devices.flat]:
+        return sharding
+    new_mesh = jax.sharding.Mesh(mesh.devices.reshape(sharding.mesh.devices.shape), sharding.mesh.axis_names)
+    if sharding.is_fully_replicated:
+        return NamedSharding(new_mesh, sharding.spec)
+    index = {d.id: i for i, d in enumerate(mesh.devices.flat)}
+    ids = tuple(index[d.id] for d in sharding.mesh.devices.flat)
+    return NamedSharding(new_mesh, sharding.spec, _logical_device_ids=ids)
+
+
+def compile_reshard(cfg, learner_mesh, dcfg, decode_mesh):
+    """Lower the learner -> sampler weight move (c2jax.rl.roles.reshard) as one program over the
+    chips: the learner's params in their shardings (learner cfg on learner_mesh), cast to
+    rl.sync_dtype, out in the sampler's param shardings (dcfg on decode_mesh, the same chips).
+    Returns (Lowered, abstract input params, abstract output params)."""
+    from c2jax.models import abstract_params, param_shardings
+    from c2jax.rl.roles import cast_floating
+    dtype = jnp.dtype(cfg.rl.sync_dtype)
+    src = _abstract(abstract_params(cfg), param_shardings(cfg, learner_mesh))
+    out_sh = param_shardings(dcfg, decode_mesh)
+    src_in_order = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+        x.shape, x.dtype, sharding=_in_device_order(x.sharding, decode_mesh)), src)
+    move = jax.jit(lambda p: cast_floating(p, dtype), out_shardings=out_sh)
+    lowered = move.lower(src_in_order)
+    out = jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
+                       jax.eval_shape(lambda p: cast_floating(p, dtype), src), out_sh)
+    return lowered, src, out
 
 
 def main(cfg, topology: str | None = None) -> dict:
@@ -281,15 +406,18 @@ def _main(cfg, topology: str | None) -> dict:
                  flops_per_step=model_flops, flops_per_chip=model_flops / len(devices),
                  step_s_at_peak=model_flops / len(devices) / peak)
     report["train"] = train
+    batch = pod.decode_batch or len(devices)
+    dcfg = _decode_cfg(cfg, decode_mesh_shape(cfg), batch)
+    if pod.compile_rl:
+        report["rl_step"] = rl_step_section(cfg, mesh, len(devices), peak)
     if pod.compile_decode:
-        batch = pod.decode_batch or len(devices)
-        dcfg = _decode_cfg(cfg, pod.decode_mesh_shape, batch)
         t0 = time.time()
         lowered, dmesh, kernels = compile_decode_step(dcfg, devices, batch, pod.decode_len, pod.decode_chunk)
         mosaic = mosaic_kernels(lowered.as_text())
         compiled, dec = _compile(lowered)
         dec = dec or _memory(compiled)
         dec.update(kernels=kernels, mosaic_calls=sum(mosaic.values()), mosaic_kernels=mosaic)
+        dec["weights_gib"] = _per_chip_bytes(sampler_params(dcfg, dmesh)[1]) / GiB   # the sampler's weights
         dflops = _flops(compiled) if compiled is not None else float("nan")
         # one token per row and step: 2N + attention over a full cache (flops_per_token halves
         # seq_len for causality); the figures are per decode step, the program runs decode_chunk
@@ -298,7 +426,91 @@ def _main(cfg, topology: str | None) -> dict:
                    cache_len=pod.decode_len, chunk=pod.decode_chunk, xla_flops_per_chip=dflops, flops_per_step=dec_flops,
                    flops_per_chip=dec_flops / len(devices), step_s_at_peak=dec_flops / len(devices) / peak)
         report["decode"] = dec
+    if pod.compile_rl:
+        report["reshard"] = reshard_section(cfg, mesh, dcfg, devices)
     return judge(cfg, report)
+
+
+def rl_step_section(cfg, mesh, chips: int, peak: float) -> dict:
+    """The RL learner step's report section: HBM per chip and its breakdown (the train step's
+    plus the reference params and the RL batch), kernels, Mosaic calls, FLOPs and time at peak
+    (the CPT step's 6N + attention plus one 2N + attention per no-grad forward)."""
+    from c2jax.models import flops_per_token
+    from c2jax.rl.learner import learner_cfg, num_micro_batches
+    lcfg = learner_cfg(cfg)
+    t, r = lcfg.train, lcfg.rl
+    t0 = time.time()
+    abstract = abstract_train_state(lcfg, mesh)
+    with record_choices() as kernels:
+        lowered, batch, ref = compile_rl_step(lcfg, mesh, abstract)
+    mosaic = mosaic_kernels(lowered.as_text())
+    compiled, s = _compile(lowered)
+    s = s or _memory(compiled)
+    s.update(kernels=kernels, mosaic_calls=sum(mosaic.values()), mosaic_kernels=mosaic)
+    s.update(state_breakdown(abstract[2]))
+    s["reference_gib"] = _per_chip_bytes(ref) / GiB if ref is not None else 0.0
+    s["batch_gib"] = _per_chip_bytes(batch) / GiB
+    s["activations_gib"] = s["temp_gib"] - s["grads_gib"]
+    fwd = rl_no_grad_forwards(lcfg)
+    tokens = t.batch_size * t.seq_len
+    train_flops = flops_per_token(lcfg, t.seq_len) * tokens
+    forward_flops = flops_per_token(lcfg, t.seq_len, training=False) * tokens
+    model_flops = train_flops + sum(fwd.values()) * forward_flops
+    s.update(compile_s=round(time.time() - t0, 1), no_grad_forwards=fwd, kl_coef=float(r.kl_coef),
+             router_replay="forced_ids" in batch and bool(r.router_replay),
+             micro_batches=num_micro_batches(t.batch_size, int(r.micro_batch_rows)),
+             xla_flops_per_chip=_flops(compiled) if compiled is not None else float("nan"),
+             train_flops_per_step=train_flops, forward_flops_per_step=forward_flops, flops_per_step=model_flops,
+             flops_per_chip=model_flops / chips, step_s_at_peak=model_flops / chips / peak)
+    return s
+
+
+def _overlap(a: tuple, b: tuple, shape) -> int:
+    """Elements in both of two shards' index tuples (slices per dim)."""
+    n = 1
+    for sa, sb, size in zip(a, b, shape):
+        lo = max(sa.start or 0, sb.start or 0)
+        hi = min(size if sa.stop is None else sa.stop, size if sb.stop is None else sb.stop)
+        n *= max(hi - lo, 0)
+    return n
+
+
+def received_bytes_per_chip(src, out) -> int:
+    """The most bytes one chip must receive from others in a move from `src` to `out` (abstract
+    sharded trees of the same shapes): each chip's output shard less what of it the chip already
+    holds in its input shard, in the output's dtype, summed over leaves."""
+    recv = {}
+    for x, y in zip(jax.tree.leaves(src), jax.tree.leaves(out)):
+        have = x.sharding.devices_indices_map(x.shape)
+        for d, idx in y.sharding.devices_indices_map(y.shape).items():
+            want = math.prod(len(range(*sl.indices(n))) for sl, n in zip(idx, y.shape))
+            local = _overlap(idx, have[d], y.shape) if d in have else 0
+            recv[d.id] = recv.get(d.id, 0) + (want - local) * y.dtype.itemsize
+    return max(recv.values()) if recv else 0
+
+
+def reshard_section(cfg, mesh, dcfg, devices) -> dict:
+    """The learner -> sampler weight move's report section: bytes per chip in (the learner's f32
+    params) and out (the sampler's copy), the most one chip receives, the program's HBM per chip
+    and the collectives the compiled program runs."""
+    from c2jax.parallel.mesh import make_mesh
+    from c2jax.rl.learner import learner_cfg
+    lcfg = learner_cfg(cfg)
+    dmesh = make_mesh(dcfg, devices)
+    t0 = time.time()
+    lowered, src, out = compile_reshard(lcfg, mesh, dcfg, dmesh)
+    compiled, s = _compile(lowered)
+    s = s or _memory(compiled)
+    same_order = [d.id for d in mesh.devices.flat] == [d.id for d in dmesh.devices.flat]
+    s.update(compile_s=round(time.time() - t0, 1), dtype=str(jnp.dtype(lcfg.rl.sync_dtype)),
+             learner_mesh=dict(mesh.shape), sampler_mesh=dict(dmesh.shape), same_device_order=same_order,
+             in_gib_per_chip=_per_chip_bytes(src) / GiB, out_gib_per_chip=_per_chip_bytes(out) / GiB,
+             received_gib_per_chip=received_bytes_per_chip(src, out) / GiB,
+             collectives=collectives(compiled.as_text()) if compiled is not None else {})
+    return s
+
+
+STEPS = ("train", "rl_step", "decode", "reshard")   # the programs a report may hold
 
 
 def judge(cfg, report: dict) -> dict:
@@ -306,10 +518,10 @@ def judge(cfg, report: dict) -> dict:
     pod.hbm_headroom and the chip's capacity."""
     pod = pod_cfg(cfg)
     usable = pod.hbm_headroom * report["hbm_per_chip_gib"]
-    for k in ("train", "decode"):
+    for k in STEPS:
         if k in report:
             report[k]["fits"] = report[k]["peak_gib"] <= usable
-    report["fits"] = all(report[k]["fits"] for k in ("train", "decode") if k in report)
+    report["fits"] = all(report[k]["fits"] for k in STEPS if k in report)
     report["advice"] = advice(cfg, report, pod)
     return report
 
@@ -332,10 +544,23 @@ def advice(cfg, report, pod) -> str:
                          "the context axis (CP) in mesh.shape, or set mesh.attention_chunk")
         lines.append(f"train step needs {tr['peak_gib']:.1f} GiB per chip > {cap:.1f} GiB usable "
                      f"({pod.hbm_headroom:.0%} of {report['hbm_per_chip_gib']:.1f}); " + "; ".join(hints))
+    rl = report.get("rl_step")
+    if rl and not rl["fits"]:
+        hints = []
+        if rl.get("reference_gib", 0) > 0:
+            hints.append(f"the reference params take {rl['reference_gib']:.1f} GiB per chip (rl.kl_coef > 0)")
+        hints.append("run the step in micro-batches (rl.micro_batch_rows, a multiple of the batch axes), lower "
+                     "train.batch_size or train.seq_len, or set rl.noreplay_metrics=False")
+        lines.append(f"RL learner step needs {rl['peak_gib']:.1f} GiB per chip > {cap:.1f} GiB usable; "
+                     + "; ".join(hints))
+    rs = report.get("reshard")
+    if rs and not rs["fits"]:
+        lines.append(f"learner -> sampler reshard needs {rs['peak_gib']:.1f} GiB per chip > {cap:.1f} GiB usable")
     dec = report.get("decode")
     if dec and not dec["fits"]:
         lines.append(f"decode step needs {dec['peak_gib']:.1f} GiB per chip > {cap:.1f} GiB usable; lower "
-                     f"pod.decode_batch or pod.decode_len, or widen pod.decode_mesh_shape's expert/fsdp axes")
+                     f"pod.decode_batch or pod.decode_len, or widen the decode mesh's expert/fsdp axes "
+                     f"(rl.sampler_mesh_shape, else pod.decode_mesh_shape)")
     return "\n".join(lines)
 
 
@@ -345,32 +570,55 @@ def format_report(r: dict) -> str:
             f"{r['peak_bf16_tflops']:.0f} TFLOP/s bf16 per chip)"),
            (f"  params: {r['params']['total'] / 1e9:.2f}B total, {r['params']['active'] / 1e9:.2f}B active; "
             f"mesh {r['mesh']}")]
-    for name in ("train", "decode"):
+    for name in ("train", "rl_step", "decode"):
         s = r.get(name)
         if not s:
             continue
-        what = (f"batch {r['batch_size']} x {r['seq_len']} tokens (grad_accum {r['grad_accum']})" if name == "train"
-                else f"sampler decode chunk of {s.get('chunk', 1)} steps, batch {s['batch']}, cache {s['cache_len']}, "
-                     f"mesh {s['mesh']}; per step")
-        out.append(f"  {name} step [{what}]: compiled in {s['compile_s']} s")
+        if name == "train":
+            what = f"batch {r['batch_size']} x {r['seq_len']} tokens (grad_accum {r['grad_accum']})"
+        elif name == "rl_step":
+            fwd = ", ".join(f"{k} x{n}" for k, n in s["no_grad_forwards"].items()) or "none"
+            what = (f"RL learner, batch {r['batch_size']} x {r['seq_len']} tokens in {s['micro_batches']} "
+                    f"micro-batch(es), no-grad forwards: {fwd}, router replay {'on' if s['router_replay'] else 'off'}")
+        else:
+            what = (f"sampler decode chunk of {s.get('chunk', 1)} steps, batch {s['batch']}, cache {s['cache_len']}, "
+                    f"mesh {s['mesh']}; per step")
+        out.append(f"  {name.replace('_step', '')} step [{what}]: compiled in {s['compile_s']} s")
         if s.get("compile_error"):
             out.append(f"    the TPU compiler ran out of HBM: {s['compile_error']}")
         out.append(f"    HBM per chip {s['peak_gib']:.2f} / {r['hbm_per_chip_gib']:.1f} GiB "
                    f"(args {s['arguments_gib']:.2f}, temp {s['temp_gib']:.2f}, out {s['outputs_gib']:.2f}, "
                    f"aliased {s['aliased_gib']:.2f}) -> {'FITS' if s['fits'] else 'DOES NOT FIT'}")
-        if "params_gib" in s:
+        if "reference_gib" in s:
+            out.append(f"      = params {s['params_gib']:.2f} + optimizer {s['optimizer_gib']:.2f} (arguments, "
+                       f"donated) + reference {s['reference_gib']:.2f} + batch {s['batch_gib']:.2f} (arguments) "
+                       f"+ grads {s['grads_gib']:.2f} + activations/workspace {s['activations_gib']:.2f} (temp) GiB")
+        elif "params_gib" in s:
             out.append(f"      = params {s['params_gib']:.2f} + optimizer {s['optimizer_gib']:.2f} (arguments, "
                        f"donated) + grads {s['grads_gib']:.2f} + activations/workspace {s['activations_gib']:.2f} "
                        f"(temp) GiB")
+        if "weights_gib" in s:
+            out.append(f"      the sampler's weights: {s['weights_gib']:.2f} GiB per chip")
         if "kernels" in s:
             ops = "; ".join(f"{op} {', '.join(sorted(impls))}" for op, impls in sorted(s["kernels"].items()))
             calls = ", ".join(f"{k} x{n}" for k, n in s.get("mosaic_kernels", {}).items()) or "none"
             out.append(f"    kernels: {ops}")
             out.append(f"    Mosaic calls in the program ({s['mosaic_calls']}): {calls}")
-        kind = "6N + attention" if name == "train" else "2N + attention"
+        kind = {"train": "6N + attention", "decode": "2N + attention"}.get(name)
+        if name == "rl_step":
+            kind = f"6N + attention + {sum(s['no_grad_forwards'].values())} x (2N + attention)"
         out.append(f"    FLOPs per step {s['flops_per_step']:.3e} ({kind}), {s['flops_per_chip']:.3e} per chip -> "
                    f"{s['step_s_at_peak'] * 1e3:.1f} ms at peak (XLA cost analysis, loop bodies counted once: "
                    f"{s['xla_flops_per_chip']:.3e} per chip)")
+    rs = r.get("reshard")
+    if rs:
+        out.append(f"  reshard learner {rs['learner_mesh']} -> sampler {rs['sampler_mesh']} as {rs['dtype']}: "
+                   f"compiled in {rs['compile_s']} s")
+        out.append(f"    per chip: in {rs['in_gib_per_chip']:.2f} GiB, out {rs['out_gib_per_chip']:.2f} GiB, at most "
+                   f"{rs['received_gib_per_chip']:.2f} GiB received from other chips; HBM {rs['peak_gib']:.2f} GiB "
+                   f"-> {'FITS' if rs['fits'] else 'DOES NOT FIT'}")
+        coll = ", ".join(f"{k} x{n}" for k, n in rs["collectives"].items() if n) or "none"
+        out.append(f"    collectives in the compiled program: {coll}")
     if r.get("advice"):
         out.append("  TO FIT: " + r["advice"])
     return "\n".join(out)

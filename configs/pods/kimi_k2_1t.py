@@ -19,6 +19,9 @@ chunks, EP dispatch chunks), the output head ([7168, 163840] bf16 gathered; f32 
 chunk of the sequence at a time, model.head_chunks).
 
     python -m c2jax compile-check --config configs/pods/kimi_k2_1t.py:cpt --topology v5p:8x8x8
+
+`:rl` also compiles the RL learner step (the CPT step plus the reference's forward, router replay)
+and the learner -> sampler weight move onto the sampler's mesh (rl.sampler_mesh_shape).
 """
 import os
 
@@ -33,6 +36,9 @@ LAYOUTS = {
     "cpt": ((8, 8, 2, 4), 256, 8192, 512),
     "rl": ((1, 8, 8, 8), 64, 32768, 256),
 }
+
+
+SAMPLER_MESH = (64, 8, 1, 1)   # decode: EP 64 over data (experts -> data), fsdp 8
 
 
 def get_config(arg=None):
@@ -67,6 +73,17 @@ def get_config(arg=None):
     cfg.train.batch_size, cfg.train.seq_len = batch, seq
     cfg.pod = ml_collections.ConfigDict({
         "topology": "v5p:8x8x8", "decode_batch": 512, "decode_len": 32768,
-        "decode_mesh_shape": (64, 8, 1, 1),       # decode: EP 64 over data (experts -> data), fsdp 8
-        "hbm_headroom": 0.9, "compile_decode": True})
+        "decode_mesh_shape": SAMPLER_MESH, "hbm_headroom": 0.9, "compile_decode": True, "compile_rl": False})
+    if layout == "rl":
+        # the RL pod: the learner step with the reference's forward (kl_coef > 0) and router
+        # replay, no metrics-only no-replay forward; the sampler on SAMPLER_MESH over the same
+        # chips, receiving bf16 weights (compile-check also compiles the learner -> sampler reshard)
+        cfg.pod.decode_mesh_shape = ()        # the sampler's mesh is rl.sampler_mesh_shape
+        cfg.rl.kl_coef = 1e-3
+        cfg.rl.noreplay_metrics = False
+        cfg.rl.router_replay = True
+        cfg.rl.sampler_mesh_shape = SAMPLER_MESH
+        cfg.rl.sampler_slots = cfg.pod.decode_batch
+        cfg.rl.sync_dtype = "bfloat16"
+        cfg.pod.compile_rl = True
     return cfg
