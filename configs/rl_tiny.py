@@ -33,8 +33,8 @@ def get_config(arg=None):
         "rl.task_seed": 1,  # the demo's SFT transcripts solve seed-0 train tasks; RL trains on others
         # The report's task mix: bug fixes plus the behaviour suite (questions that must not edit, rules,
         # code quality, interruptions), graded into the reward's behaviour terms (rl.behaviour_weights);
-        # held-out evals stay on synthetic:1, the suite the demo's SFT model was trained on.
-        "rl.suites": ("synthetic:1", "behaviour"), "rl.suite_weights": (4.0, 1.0), "rl.eval_suites": ("synthetic:1",),
+        # overriding rl.suites needs rl.suite_weights=() (equal) or one weight per suite.
+        "rl.suites": ("synthetic:1", "behaviour"), "rl.suite_weights": (4.0, 1.0),
         # The demo SFT model's episode format and sampling temperature (c2jax/pipeline.py).
         "rl.system_prompt": SYSTEM_PROMPT, "rl.temperature": TEMPERATURE, "rl.eval_temperature": TEMPERATURE,
     }
@@ -49,7 +49,7 @@ def get_config(arg=None):
             "rl.group_size": 8, "rl.prompts_per_step": 2, "rl.eval_tasks": 16, "rl.eval_k": 4, "rl.eval_every": 0,
             "rl.env_workers": 8, "rl.sampler_slots": 16, "rl.temperature": 1.0, "rl.eval_temperature": 1.0,
             "rl.steps": 20, "rl.kl_coef": 1e-3, "rl.task_seed": -1,
-            "rl.suites": ("synthetic:1",), "rl.suite_weights": (), "rl.eval_suites": (),  # one pool of token prompts
+            "rl.suites": ("synthetic:1",), "rl.suite_weights": (),  # one pool of token prompts
         })
     elif arg not in (None, ""):
         raise ValueError(f"configs/rl_tiny.py: unknown arg {arg!r}; use toy, mesh, toy_mesh or nothing")

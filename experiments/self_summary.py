@@ -298,6 +298,7 @@ def _rl(args, out, sft_dir, stats, t0):
         rl_dir = os.path.join(out, "rl")
         cfg = load_config("configs/rl_tiny.py", [
             f"--config.train.init_from={sft_dir}", "--config.rl.suites=('long_horizon_small',)",
+            "--config.rl.suite_weights=()",
             f"--config.rl.steps={rl_steps}", "--config.rl.group_size=4", f"--config.rl.prompts_per_step={1 if q else 2}",
             f"--config.rl.system_prompt={SYSTEM_PROMPT}", "--config.rl.summary_method=self",
             f"--config.rl.summary_trigger_tokens={args.triggers[1]}", f"--config.rl.context_window={args.window}",

@@ -79,7 +79,8 @@ def test_harness_rl_learning_from_sft_checkpoint(tmp_path, demo_sft_dir):
     steps = int(os.environ.get("C2JAX_RL_STEPS", "40"))
     cfg = load_config(os.path.join(ROOT, "configs/rl_tiny.py"), [  # the demo's RL, 16 prompts a step
         f"--config.train.init_from={demo_sft_dir}", f"--config.rl.steps={steps}", "--config.rl.prompts_per_step=16",
-        "--config.rl.eval_every=0", f"--config.rl.eval_tasks={EVAL_TASKS}", f"--config.rl.eval_k={EVAL_K}"])
+        "--config.rl.eval_every=0", f"--config.rl.eval_tasks={EVAL_TASKS}", f"--config.rl.eval_k={EVAL_K}",
+        "--config.rl.eval_suites=('synthetic:1',)"])  # the suite the SFT model learned (RL trains on + behaviour)
     s = run_rl(cfg, str(tmp_path / "run"))
     first, last = s["evals"][0], s["evals"][-1]
     diff = np.asarray(last["eval/task_pass"]) - np.asarray(first["eval/task_pass"])  # same tasks, paired

@@ -174,7 +174,7 @@ def test_run_rl_with_self_summary_on_long_horizon(tmp_path):
     cfg = load_config(os.path.join(ROOT, "configs/rl_tiny.py"), [
         "--config.model.vocab_size=320", "--config.model.hidden_size=32", "--config.model.num_layers=2",
         "--config.model.intermediate_size=64", "--config.model.moe_intermediate_size=32", "--config.model.head_dim=8",
-        "--config.rl.suites=('long_horizon',)", "--config.rl.steps=2", "--config.rl.group_size=2",
+        "--config.rl.suites=('long_horizon',)", "--config.rl.suite_weights=()", "--config.rl.steps=2", "--config.rl.group_size=2",
         "--config.rl.prompts_per_step=1", "--config.rl.max_new_tokens=16", "--config.rl.max_turns=2",
         "--config.rl.max_total_tokens=3072", "--config.rl.context_window=1024",
         "--config.rl.summary_method=self", "--config.rl.summary_trigger_tokens=128",
