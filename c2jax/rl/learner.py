@@ -50,7 +50,7 @@ from c2jax.parallel.mesh import active_logical_axes, axes_size, data_sharding, l
 from c2jax.rl.advantages import apply_kl_penalty, broadcast_advantages
 from c2jax.rl.losses import _masked_p99, loss_token_count, policy_loss
 from c2jax.train.optimizer import make_optimizer
-from c2jax.train.step import apply_if_finite, forward_nll, init_state
+from c2jax.train.step import apply_if_finite, forward_nll, init_state, mtp_distill_loss
 
 
 def learner_cfg(cfg) -> ml_collections.ConfigDict:
@@ -245,11 +245,21 @@ def rl_train_step(cfg, optimizer, state, ref_params, batch):
     n_seq = batch.get("num_sequences")
     num_tokens = loss_token_count(mask, batch["truncated"], r)
 
+    mtp = bool(m.num_mtp_layers) and float(cfg.train.mtp_loss_weight) > 0
+
     def grad_micro(acc, xs):
         b, forced, ref_logp, tok = xs
 
         def loss_fn(params):
-            logp, aux = _logp(cfg, params, b, forced)
+            if mtp:   # the heads distil the main head's (detached) distribution on the sampled tokens
+                nll, _, out = forward_nll(cfg, params, b, forced, scale=1.0 / r.temperature, with_logits=True)
+                logp, aux = _to_token_order(-nll), out.aux
+                s, w = mtp_distill_loss(aux["mtp_logits"], out.logits, _to_model_order(b["loss_mask"]),
+                                        b["segment_ids"])
+                mtp_loss = s / jnp.maximum(w, 1.0)
+            else:
+                logp, aux = _logp(cfg, params, b, forced)
+                mtp_loss = jnp.float32(0)
             if ref_logp is not None:
                 adv = apply_kl_penalty(b["advantages"], logp, ref_logp, b["loss_mask"], r.kl_coef, r.kl_estimator,
                                        r.kl_to_go)
@@ -257,17 +267,19 @@ def rl_train_step(cfg, optimizer, state, ref_params, batch):
                 adv = broadcast_advantages(b["advantages"], logp.shape)
             loss, _ = policy_loss(logp, b["behaviour_logp"], adv, b["loss_mask"], r, b["truncated"], None, n_seq,
                                   num_tokens=num_tokens)
+            loss = loss + float(cfg.train.mtp_loss_weight) * mtp_loss / M if mtp else loss
             has_replaced.append("replaced_fraction" in aux)
             rf = jnp.mean(aux["replaced_fraction"]) if "replaced_fraction" in aux else jnp.float32(0)
             agree = jnp.sum(aux["route_agree"] & tok) if tok is not None else jnp.float32(0)
-            return loss, (jax.lax.stop_gradient(logp), jax.lax.stop_gradient(adv), rf, agree)
+            return loss, (jax.lax.stop_gradient(logp), jax.lax.stop_gradient(adv), rf, agree,
+                          jax.lax.stop_gradient(mtp_loss))
 
         (_, extras), g = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
         return jax.tree.map(jnp.add, acc, g), extras
 
     has_replaced = []  # set while tracing: MoE forwards report the replay-replaced fraction
     zeros = jax.tree.map(jnp.zeros_like, state["params"])
-    grads, (logp_M, adv_M, replaced_M, agree_M) = jax.lax.scan(
+    grads, (logp_M, adv_M, replaced_M, agree_M, mtp_M) = jax.lax.scan(
         grad_micro, zeros, (rows, forced_M, pre.get("ref_logp"), tok_M if replay else None))
     if replay:
         metrics["route_agreement"] = jnp.sum(agree_M) / jnp.maximum(jnp.sum(tok), 1)
@@ -276,6 +288,8 @@ def rl_train_step(cfg, optimizer, state, ref_params, batch):
                            batch["truncated"], ref_logp, n_seq)
     if any(has_replaced):
         lm["replay_replaced_fraction"] = jnp.mean(replaced_M)
+    if mtp:
+        lm["mtp_loss"] = jnp.mean(mtp_M)
     lm["logp_mean"] = jnp.sum(jnp.where(mask, _from_micro(logp_M), 0.0)) / jnp.maximum(jnp.sum(mask), 1)
     new_params, new_opt, finite, grad_norm = apply_if_finite(optimizer, state["params"], state["opt_state"],
                                                              grads, loss)
@@ -381,6 +395,9 @@ class Learner:
         from c2jax.parallel.mesh import activate, validate_layout
         from c2jax.train.step import init_sharded_state
         validate_layout(self.cfg, dict(mesh.shape))
+        if context_size(self.cfg, mesh) > 1 and m.num_mtp_layers:
+            raise ConfigError("MTP heads with context parallelism are not supported in the RL learner yet (the MTP "
+                              "shift assumes in-order tokens); set model.num_mtp_layers=0 or drop the context axis")
         with activate(self.cfg, mesh):
             self.param_shardings = p_sh = param_shardings(self.cfg, mesh)
             params = jax.device_put(params, p_sh)   # a copy where params already lie elsewhere

@@ -167,3 +167,27 @@ def test_micro_batch_rows_is_validated():
     from c2jax.config import ConfigError
     with pytest.raises(ConfigError, match="micro_batch_rows"):
         load_config("configs/rl_tiny.py:toy", ["--config.rl.micro_batch_rows=-1"])
+
+
+def test_mtp_heads_are_distilled_in_the_rl_step():
+    """With MTP heads the step adds their self-distillation to the main head (train.mtp_loss_weight):
+    the heads' params move and `mtp_loss` is reported; with weight 0 the heads stay as they were."""
+    rng = np.random.default_rng(0)
+    trajs = [Trajectory(rng.integers(0, 64, 20).astype(np.int32), np.arange(20) >= 8,
+                        np.where(np.arange(20) >= 8, -2.0, 0.0).astype(np.float32), np.zeros(20, np.int32))
+             for _ in range(4)]
+    moved = {}
+    for weight in (0.3, 0.0):
+        cfg = load_config("configs/rl_tiny.py:toy", ["--config.model.num_mtp_layers=1", "--config.rl.kl_coef=0",
+                                                     f"--config.train.mtp_loss_weight={weight}"])
+        params = init_params(cfg, jax.random.key(1))
+        learner = Learner(cfg, params)
+        m = learner.step(trajs, np.linspace(-1, 1, 4).astype(np.float32))
+        heads = [k for k in params if k.startswith("mtp_")]
+        assert heads, list(params)
+        moved[weight] = max(float(jnp.max(jnp.abs(a - b))) for k in heads
+                            for a, b in zip(jax.tree.leaves(learner.params[k]), jax.tree.leaves(params[k])))
+        assert ("mtp_loss" in m) == (weight > 0)
+        if weight:
+            assert m["mtp_loss"] > 0
+    assert moved[0.3] > 0 and moved[0.0] == 0, moved
