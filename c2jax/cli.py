@@ -77,18 +77,24 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or os.environ.get("C2JAX_DEBUG") == "1"
     argv = [a for a in argv if a != "--debug"]
+    from c2jax.failures import hold_library_save_errors, one_line
+    hold = None if debug else hold_library_save_errors()
     try:
-        return _main(argv)
+        rc = _main(argv)
     except Exception as e:
-        from c2jax.failures import one_line
         line = one_line(e)
         if line is None:
+            if hold is not None:
+                hold.release()
             raise
         if debug:
             import traceback
             traceback.print_exc()
         print(line, file=sys.stderr)
         return 2
+    if hold is not None:
+        hold.release()
+    return rc
 
 
 def _main(argv) -> int:

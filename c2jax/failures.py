@@ -7,6 +7,7 @@ tensorstore still reads as "disk full ... PATH".
 from __future__ import annotations
 
 import errno
+import logging
 import re
 
 from c2jax.errors import ConfigError, UserError
@@ -69,3 +70,54 @@ def one_line(exc: BaseException) -> str | None:
 
 def _flat(exc) -> str:
     return " ".join(str(exc).split())
+
+
+class HoldSaveErrors(logging.Filter):
+    """Holds back library log records about a failed write (orbax's background save threads log
+    each failure, with its traceback, before the error reaches the caller): an I/O error, or any
+    error inside a temporary checkpoint directory. The CLI drops them when it reports the failure
+    in one line, and logs them after all (`release`) when the command ends without one."""
+
+    def __init__(self):
+        super().__init__()
+        self.held: list[logging.LogRecord] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR:
+            return True
+        exc = record.exc_info[1] if record.exc_info else None
+        text = record.getMessage()
+        m = re.search(r"\[Errno (\d+)\]", text)
+        about_a_write = ((exc is not None and io_error(exc) is not None) or ".orbax-checkpoint-tmp" in text
+                         or (m is not None and int(m.group(1)) in _IO_ADVICE) or any(n in text for n in _TEXT_ERRNOS))
+        if about_a_write:
+            self.held.append(record)
+        return not about_a_write
+
+    def release(self) -> None:
+        """Log the held records after all (the command did not end in a reported failure)."""
+        held, self.held = self.held, []
+        for record in held:
+            for handler in logging.getLogger().handlers:
+                handler.handle(record)
+
+
+def hold_library_save_errors(names=("absl", "orbax")) -> HoldSaveErrors:
+    """Install one HoldSaveErrors on the named loggers (the CLI does, unless --debug), and make
+    the harmless "Event loop is closed" that in-flight array writes raise after a failed save's
+    close quiet; returns the filter."""
+    import sys
+    hold = HoldSaveErrors()
+    for name in names:
+        logger = logging.getLogger(name)
+        for f in [f for f in logger.filters if isinstance(f, HoldSaveErrors)]:
+            logger.removeFilter(f)
+        logger.addFilter(hold)
+    default = sys.unraisablehook
+
+    def unraisable(u):
+        if not (isinstance(u.exc_value, RuntimeError) and str(u.exc_value) == "Event loop is closed"):
+            default(u)
+    if getattr(sys.unraisablehook, "__name__", "") != "unraisable":
+        sys.unraisablehook = unraisable
+    return hold

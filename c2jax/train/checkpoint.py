@@ -38,7 +38,7 @@ class Checkpointer:
             raise FileNotFoundError(f"{self.directory}: no checkpoint directory")
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, save_interval_steps=max(every, 1),
                                                enable_async_checkpointing=async_save, create=create,
-                                               read_only=not create)
+                                               cleanup_tmp_directories=create)
         self.manager = ocp.CheckpointManager(self.directory, options=options)
 
     def latest_step(self) -> int | None:
@@ -119,29 +119,39 @@ class Checkpointer:
         log.warning("moved the unreadable checkpoint step %d to %s", step, dest)
         return dest
 
-    def remove_partial(self) -> list[str]:
-        """Delete temporary step directories left by saves that did not finish; returns them."""
-        gone = []
-        if os.path.isdir(self.directory):
-            for name in os.listdir(self.directory):
-                if TMP_MARK in name:
-                    shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
-                    gone.append(name)
-        return gone
+    def remove_partial(self, settle_s: float = 0.0, max_s: float = 10.0) -> list[str]:
+        """Delete temporary step directories left by saves that did not finish; returns their
+        names. With settle_s, keep deleting until none has reappeared for settle_s seconds: after
+        a failed save orbax's close does not wait for the array writes already in flight, which
+        recreate their directories for a moment."""
+        gone, quiet_since, t0 = set(), time.time(), time.time()
+        while True:
+            names = [n for n in os.listdir(self.directory) if TMP_MARK in n] if os.path.isdir(self.directory) else []
+            for name in names:
+                shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
+                gone.add(name)
+            now = time.time()
+            if names:
+                quiet_since = now
+            if now - quiet_since >= settle_s or now - t0 >= max_s:
+                return sorted(gone)
+            time.sleep(0.05)
 
     def wait(self):
         self.manager.wait_until_finished()
 
     def close(self):
-        """Finish pending saves and close; a failed save's temporary files are removed and its
-        error re-raised (the finalized steps stay as they are)."""
-        try:
-            self.manager.wait_until_finished()
-        except BaseException:
-            self.remove_partial()
-            raise
-        finally:
-            self.manager.close()
+        """Finish pending saves and close; if a save failed (e.g. the disk is full), its temporary
+        files are removed and its error re-raised (the finalized steps stay as they are)."""
+        error = None
+        for finish in (self.manager.wait_until_finished, self.manager.close):
+            try:
+                finish()
+            except BaseException as e:
+                error = error or e
+        if error is not None:
+            self.remove_partial(settle_s=1.0)
+            raise error
 
 
 TMP_MARK = ".orbax-checkpoint-tmp"

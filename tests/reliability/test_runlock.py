@@ -41,9 +41,8 @@ def test_second_holder_fails_at_once_naming_the_first(tmp_path):
 
 
 def test_only_process_zero_locks(tmp_path):
-    with workdir_lock(str(tmp_path), primary=True):
-        with workdir_lock(str(tmp_path), primary=False) as other:
-            assert not other.held
+    with workdir_lock(str(tmp_path), primary=True), workdir_lock(str(tmp_path), primary=False) as other:
+        assert not other.held
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
