@@ -106,7 +106,7 @@ def check_run_config(cfg, run_dir: str, purpose: str) -> None:
     if not diffs:
         return
     from c2jax.models import init_params
-    from c2jax.train.loop import load_run_config
+    from c2jax.train.run_config import load_run_config
     then = load_run_config(run_dir)
     shapes = lambda c: leaf_table(jax.eval_shape(lambda: init_params(c, jax.random.key(0))))  # noqa: E731
     try:

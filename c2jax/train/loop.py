@@ -28,6 +28,7 @@ from c2jax.progress import Heartbeat
 from c2jax.runlock import workdir_lock
 from c2jax.train.checkpoint import Checkpointer, StopFlag, abstract_like
 from c2jax.train.compat import check_run_config
+from c2jax.train.run_config import load_run_config  # noqa: F401 (re-exported: callers import it from here)
 from c2jax.train.metrics import MetricsWriter, Progress, measured_matmul_peak
 from c2jax.train.optimizer import learning_rate_schedule, make_optimizer
 from c2jax.train.step import BATCH_KEYS, init_sharded_state, make_eval_step, make_train_step
@@ -48,23 +49,6 @@ def _is_hf_dir(path):
     return os.path.exists(os.path.join(path, "config.json")) and (
         os.path.exists(os.path.join(path, "model.safetensors"))
         or os.path.exists(os.path.join(path, "model.safetensors.index.json")))
-
-
-def load_run_config(run_dir: str):
-    """The config a run was launched with (its config.json); keys added to c2jax's defaults since
-    the run was launched take their default values."""
-    import ml_collections
-
-    from c2jax.config import default_config
-    with open(os.path.join(run_dir, "config.json")) as f:
-        d = json.load(f)
-    for section, defaults in default_config().to_dict().items():
-        if isinstance(defaults, dict) and isinstance(d.get(section), dict):
-            d[section] = {**defaults, **d[section]}
-    for key in ("axes", "shape"):
-        d["mesh"][key] = tuple(d["mesh"][key])
-    d["mesh"]["rules"] = tuple((r[0], tuple(r[1]) if isinstance(r[1], list) else r[1]) for r in d["mesh"]["rules"])
-    return ml_collections.ConfigDict(d)
 
 
 def load_run_params(run_dir: str, cfg, shardings=None, purpose: str = "convert"):
