@@ -73,7 +73,7 @@ def orbax_to_hf(src: str, dst: str, quantize: str = "none", dtype: str | None = 
     if not os.path.exists(os.path.join(src, "config.json")):
         raise CheckpointError(f"{src}: not a c2jax run directory (no config.json)")
     cfg = load_run_config(src)
-    params = load_run_params(src, cfg)
+    params = load_run_params(src, cfg, purpose="convert")
     bar = Progress("save")
     hf.save(cfg.model, params, dst, quantize=quantize, dtype=dtype, progress=bar)
     bar.close()

@@ -1,6 +1,7 @@
 """Does a checkpoint fit this config? Checked before anything is restored or written.
 
-Two checks, both raising CheckpointMismatch with one line that names what differs:
+A job calls `check_workdir(cfg, workdir)` under its workdir lock (c2jax.runlock) before it writes
+anything there. The checks, each raising CheckpointMismatch with one line that names what differs:
 - `check_run_config`: the model config a run directory was trained with (its config.json)
   against this one; fields that change no param shape (kernels, remat, ...) only warn.
 - `check_tree`: a checkpoint's tree metadata (leaf paths, shapes, dtypes) against the tree
@@ -119,3 +120,41 @@ def check_run_config(cfg, run_dir: str, purpose: str) -> None:
         raise CheckpointMismatch(f"{purpose}: {run_dir} was trained with a different model ({'; '.join(diffs)}), "
                                  f"so its checkpoints have other params (e.g. {tree_diffs[0]}); {fix}")
     log.warning("%s: model fields differ from %s but not the params' shapes: %s", purpose, path, "; ".join(diffs))
+
+
+def _is_hf_dir(path: str) -> bool:
+    return os.path.exists(os.path.join(path, "config.json")) and (
+        os.path.exists(os.path.join(path, "model.safetensors"))
+        or os.path.exists(os.path.join(path, "model.safetensors.index.json")))
+
+
+def check_init_from(cfg) -> None:
+    """train.init_from names an HF checkpoint or a c2jax run whose model matches cfg's (checked
+    before anything is written; FileNotFoundError or CheckpointMismatch otherwise)."""
+    src = cfg.train.get("init_from") if "train" in cfg else None
+    if not src or _is_hf_dir(src):
+        return
+    if not os.path.isdir(src):
+        raise FileNotFoundError(f"train.init_from={src!r}: no such directory")
+    if not os.path.isdir(os.path.join(src, "checkpoints")):
+        raise FileNotFoundError(f"train.init_from={src!r} is neither a c2jax run directory (config.json and "
+                                f"checkpoints/) nor an HF checkpoint (config.json and model.safetensors)")
+    check_run_config(cfg, src, "train.init_from")
+
+
+def has_checkpoints(workdir: str) -> bool:
+    """Whether workdir/checkpoints holds a finalized orbax step (a run to resume)."""
+    d = os.path.join(workdir, "checkpoints")
+    return os.path.isdir(d) and any(n.isdigit() and os.path.isdir(os.path.join(d, n)) for n in os.listdir(d))
+
+
+def check_workdir(cfg, workdir: str) -> bool:
+    """The checks a job makes before it writes to its workdir (under c2jax.runlock.workdir_lock):
+    when workdir has checkpoints, cfg's model against its config.json; else train.init_from.
+    Returns whether the job resumes. Restores then go through Checkpointer.restore /
+    restore_intact, which check the tree leaf for leaf."""
+    if has_checkpoints(workdir):
+        check_run_config(cfg, workdir, "resume")
+        return True
+    check_init_from(cfg)
+    return False

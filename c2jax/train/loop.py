@@ -27,7 +27,7 @@ from c2jax.parallel.distributed import global_batch
 from c2jax.progress import Heartbeat
 from c2jax.runlock import workdir_lock
 from c2jax.train.checkpoint import Checkpointer, StopFlag, abstract_like
-from c2jax.train.compat import check_run_config
+from c2jax.train.compat import check_init_from, check_workdir  # noqa: F401 (check_init_from re-exported)
 from c2jax.train.run_config import load_run_config  # noqa: F401 (re-exported: callers import it from here)
 from c2jax.train.metrics import MetricsWriter, Progress, measured_matmul_peak
 from c2jax.train.optimizer import learning_rate_schedule, make_optimizer
@@ -51,7 +51,7 @@ def _is_hf_dir(path):
         or os.path.exists(os.path.join(path, "model.safetensors.index.json")))
 
 
-def load_run_params(run_dir: str, cfg, shardings=None, purpose: str = "convert"):
+def load_run_params(run_dir: str, cfg, shardings=None, purpose: str = "train.init_from"):
     """Params of the newest intact checkpoint of a c2jax run directory, checked leaf for leaf
     (shape, dtype) against cfg's model: CheckpointMismatch names the leaves that differ."""
     ckdir = os.path.join(run_dir, "checkpoints")
@@ -74,20 +74,6 @@ def load_run_params(run_dir: str, cfg, shardings=None, purpose: str = "convert")
     if step is None:
         raise FileNotFoundError(f"{run_dir}: no checkpoints to start from")
     return params
-
-
-def check_init_from(cfg) -> None:
-    """train.init_from names an HF checkpoint or a c2jax run whose model matches cfg's (checked
-    before anything is written; FileNotFoundError or CheckpointMismatch otherwise)."""
-    src = cfg.train.init_from
-    if not src or _is_hf_dir(src):
-        return
-    if not os.path.isdir(src):
-        raise FileNotFoundError(f"train.init_from={src!r}: no such directory")
-    if not os.path.isdir(os.path.join(src, "checkpoints")):
-        raise FileNotFoundError(f"train.init_from={src!r} is neither a c2jax run directory (config.json and "
-                                f"checkpoints/) nor an HF checkpoint (config.json and model.safetensors)")
-    check_run_config(cfg, src, "train.init_from")
 
 
 def initial_params(cfg, shardings, random_only: bool = False):
@@ -163,13 +149,7 @@ def _metrics_to_keep(start: int, total: int):
 
 def _run_training(cfg, workdir: str) -> dict:
     t = cfg.train
-    ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), t.checkpoint_every, t.keep_checkpoints,
-                        t.async_checkpoint)
-    resuming = ckpt.latest_step() is not None
-    if resuming:
-        check_run_config(cfg, workdir, "resume")
-    else:
-        check_init_from(cfg)
+    resuming = check_workdir(cfg, workdir)   # before anything is written there
     _tokenizer_for(cfg, workdir)
     corpus, tokenizer = load_corpus_and_tokenizer(cfg.data, workdir)
     if tokenizer.vocab_size > cfg.model.vocab_size:
@@ -197,11 +177,17 @@ def _run_training(cfg, workdir: str) -> dict:
         del params
         step_fn = make_train_step(cfg, optimizer, st_sh, dsh)
         eval_step = make_eval_step(cfg)
+        ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), t.checkpoint_every, t.keep_checkpoints,
+                            t.async_checkpoint)
         start = 0
         if resuming:
             target = abstract_like(state, st_sh)
             hint = "Resume with the run's config (its config.json) or use a new --workdir"
-            step, restored = ckpt.restore_intact(lambda s: ckpt.restore(s, target, hint=hint), quarantine=True)
+            try:
+                step, restored = ckpt.restore_intact(lambda s: ckpt.restore(s, target, hint=hint), quarantine=True)
+            except BaseException:
+                ckpt.close()
+                raise
             if restored is not None:
                 state, data_state, _ = restored
                 it.set_state(data_state["iterator"])
