@@ -143,6 +143,28 @@ class MTPStep(nn.Module):
         return logits.astype(jnp.float32), h, new_cache
 
 
+class MTPShift(NamedTuple):
+    """Static [L] indices along the length dim for MTP depth d, in the order the model sees the
+    tokens (the zigzag layout under context parallelism): ahead[j] holds the token d after
+    position j's (ahead_ok: inside the row), back[j] the position d before it (back_ok)."""
+
+    ahead: Any
+    ahead_ok: Any
+    back: Any
+    back_ok: Any
+
+
+def mtp_shift(length: int, d: int) -> MTPShift:
+    """MTPShift of depth d for rows of `length` tokens under the active mesh (in token order
+    outside context parallelism: plain shifts)."""
+    import numpy as np
+    cp = cpx.context_size() if cpx.cp_active(length) else 1
+    order = cpx.zigzag_order(length, cp) if cp > 1 and length % (2 * cp) == 0 else np.arange(length)
+    inv = np.argsort(order)
+    ahead, back = order + d, order - d
+    return MTPShift(inv[np.minimum(ahead, length - 1)], ahead < length, inv[np.maximum(back, 0)], back >= 0)
+
+
 class Transformer(nn.Module):
     """Decoder-only MoE transformer (Qwen3-MoE or DeepSeek-V3/Kimi layout by config)."""
 
@@ -194,13 +216,18 @@ class Transformer(nn.Module):
 
         logits = logits_of(hidden_BLD)
         if m.num_mtp_layers and not cache:  # MTP heads run in training forwards, not on the KV-cache path
-            mtp_logits, h = [], hidden_BLD
+            mtp_logits, mtp_segments, h = [], [], hidden_BLD
             for d in range(1, m.num_mtp_layers + 1):
-                ahead_BL = jnp.concatenate([tokens_BL[:, d:], jnp.zeros_like(tokens_BL[:, :d])], axis=1)
+                shift = mtp_shift(tokens_BL.shape[1], d)
+                ahead_BL = jnp.where(shift.ahead_ok, jnp.take(tokens_BL, shift.ahead, axis=1), 0)
                 next_emb = embed_lookup(embed, ahead_BL, dt)
                 h, normed, _ = MTPHead(m, n_moe > 0, name=f"mtp_{d}")(h, next_emb, positions_BL, segment_ids_BL)
-                mtp_logits.append(project(normed))
+                # each position gets the prediction made d tokens before it: the same token as the
+                # main head's there (the hidden state moves, not the [B, L, V] logits)
+                mtp_logits.append(project(jnp.take(normed, shift.back, axis=1)))
+                mtp_segments.append(jnp.where(shift.back_ok, jnp.take(segment_ids_BL, shift.back, axis=1), -1))
             aux["mtp_logits"] = jnp.stack(mtp_logits)
+            aux["mtp_segment_ids"] = jnp.stack(mtp_segments)
         return logits, aux, (new_cache if cache else None)
 
     def _expert_stacks(self):
@@ -221,6 +248,8 @@ class Transformer(nn.Module):
 class ForwardOutput(NamedTuple):
     logits: jax.Array                 # float32 [B, L, V]
     aux: dict                         # expert_ids [N, B, L, K], expert_load [N, E], losses, mtp_logits
+    #                                   [D, B, L, V] (depth d at t: the prediction made at t - d, of the
+    #                                   main head's token at t), mtp_segment_ids [D, B, L] (-1: none)
     cache: Any = None
 
 

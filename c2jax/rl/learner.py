@@ -255,7 +255,7 @@ def rl_train_step(cfg, optimizer, state, ref_params, batch):
                 nll, _, out = forward_nll(cfg, params, b, forced, scale=1.0 / r.temperature, with_logits=True)
                 logp, aux = _to_token_order(-nll), out.aux
                 s, w = mtp_distill_loss(aux["mtp_logits"], out.logits, _to_model_order(b["loss_mask"]),
-                                        b["segment_ids"])
+                                        b["segment_ids"], aux["mtp_segment_ids"])
                 mtp_loss = s / jnp.maximum(w, 1.0)
             else:
                 logp, aux = _logp(cfg, params, b, forced)
@@ -395,9 +395,6 @@ class Learner:
         from c2jax.parallel.mesh import activate, validate_layout
         from c2jax.train.step import init_sharded_state
         validate_layout(self.cfg, dict(mesh.shape))
-        if context_size(self.cfg, mesh) > 1 and m.num_mtp_layers:
-            raise ConfigError("MTP heads with context parallelism are not supported in the RL learner yet (the MTP "
-                              "shift assumes in-order tokens); set model.num_mtp_layers=0 or drop the context axis")
         with activate(self.cfg, mesh):
             self.param_shardings = p_sh = param_shardings(self.cfg, mesh)
             params = jax.device_put(params, p_sh)   # a copy where params already lie elsewhere

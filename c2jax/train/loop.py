@@ -157,10 +157,6 @@ def _run_training(cfg, workdir: str) -> dict:
         raise ConfigError(f"the tokenizer has {tokenizer.vocab_size} tokens but model.vocab_size="
                           f"{cfg.model.vocab_size}; raise model.vocab_size or lower data.vocab_size")
     mesh = make_mesh(cfg)
-    if mesh.shape.get("context", 1) > 1 and cfg.model.num_mtp_layers:
-        from c2jax.config import ConfigError
-        raise ConfigError("MTP heads with context parallelism (mesh context > 1) are not supported in training "
-                          "yet: the MTP shift assumes in-order tokens; set model.num_mtp_layers=0")
     if t.stage == "sft":   # the data is checked before any checkpoint is read
         if not cfg.data.sft_path:
             from c2jax.config import ConfigError

@@ -69,16 +69,17 @@ def forward_nll(cfg, params, batch, forced_expert_ids=None, *, scale: float = 1.
     return nll_BL, lse_BL, out
 
 
-def mtp_distill_loss(mtp_logits_DBLV, logits_BLV, loss_weights_BL, segment_ids_BL):
-    """Self-distillation of each MTP depth d to the main head's (detached) distribution at t+d,
-    the same next token; masked where t+d leaves the row or the segment. Returns (sum, weight)."""
+def mtp_distill_loss(mtp_logits_DBLV, logits_BLV, loss_weights_BL, segment_ids_BL, mtp_segment_ids_DBL):
+    """Self-distillation of each MTP depth to the main head's (detached) distribution at the same
+    position: mtp_logits[d - 1] at t is the prediction made at t - d (the model's aux
+    `mtp_logits`, aligned so under context parallelism no logits move); masked where t - d leaves
+    the row or the segment (mtp_segment_ids differs). Returns (sum, weight)."""
     total, weight = jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32)
-    teacher_all = jax.nn.softmax(jax.lax.stop_gradient(logits_BLV.astype(jnp.float32)), axis=-1)
-    for d in range(1, mtp_logits_DBLV.shape[0] + 1):
-        student = jax.nn.log_softmax(mtp_logits_DBLV[d - 1, :, :-d].astype(jnp.float32), axis=-1)
-        teacher = teacher_all[:, d:]
-        ce_BL = -jnp.sum(teacher * student, axis=-1)
-        w_BL = loss_weights_BL[:, d:] * (segment_ids_BL[:, :-d] == segment_ids_BL[:, d:])
+    teacher_BLV = jax.nn.softmax(jax.lax.stop_gradient(logits_BLV.astype(jnp.float32)), axis=-1)
+    for d in range(mtp_logits_DBLV.shape[0]):
+        student = jax.nn.log_softmax(mtp_logits_DBLV[d].astype(jnp.float32), axis=-1)
+        ce_BL = -jnp.sum(teacher_BLV * student, axis=-1)
+        w_BL = loss_weights_BL * (mtp_segment_ids_DBL[d] == segment_ids_BL)
         total += jnp.sum(ce_BL * w_BL)
         weight += jnp.sum(w_BL)
     return total, weight
@@ -93,7 +94,8 @@ def loss_terms(cfg, params, batch, forced_expert_ids=None):
     terms = {"nll_sum": jnp.sum(nll_BL * w), "weight": jnp.sum(w),
              "z_sum": jnp.sum(jnp.square(lse_BL) * w)}
     if "mtp_logits" in out.aux:
-        s, ww = mtp_distill_loss(out.aux["mtp_logits"], out.logits, w, batch["segment_ids"])
+        s, ww = mtp_distill_loss(out.aux["mtp_logits"], out.logits, w, batch["segment_ids"],
+                                 out.aux["mtp_segment_ids"])
         terms["mtp_sum"], terms["mtp_weight"] = s, ww
     if "expert_load" in out.aux:
         terms["lb_loss"] = jnp.mean(out.aux["load_balance_loss"])

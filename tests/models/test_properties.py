@@ -455,15 +455,17 @@ def test_mtp_depends_on_token_ahead():
     def maxdiff(x, y):
         return float(jnp.max(jnp.abs(x - y)))
 
+    # mtp_logits[d - 1] at index i is the depth-d prediction made at i - d (aligned with the main head)
     d1_logits, d1 = run(cfg, params, tokens.at[:, t + 1].set(other[:, t + 1]))  # token t+1 changed
     assert maxdiff(d1_logits[:, :t + 1], base_logits[:, :t + 1]) < 1e-6         # main logits at <= t: no
-    assert maxdiff(d1["mtp_logits"][0, :, :t], base["mtp_logits"][0, :, :t]) < 1e-6
-    assert maxdiff(d1["mtp_logits"][0, :, t], base["mtp_logits"][0, :, t]) > 1e-3  # depth 1 at t: yes
+    assert maxdiff(d1["mtp_logits"][0, :, :t + 1], base["mtp_logits"][0, :, :t + 1]) < 1e-6
+    assert maxdiff(d1["mtp_logits"][0, :, t + 1], base["mtp_logits"][0, :, t + 1]) > 1e-3  # depth 1 made at t: yes
     d2_logits, d2 = run(cfg, params, tokens.at[:, t + 2].set(other[:, t + 2]))  # token t+2 changed
     assert maxdiff(d2_logits[:, :t + 2], base_logits[:, :t + 2]) < 1e-6
-    assert maxdiff(d2["mtp_logits"][0, :, :t + 1], base["mtp_logits"][0, :, :t + 1]) < 1e-6
-    assert maxdiff(d2["mtp_logits"][1, :, :t], base["mtp_logits"][1, :, :t]) < 1e-6
-    assert maxdiff(d2["mtp_logits"][1, :, t], base["mtp_logits"][1, :, t]) > 1e-3  # depth 2 at t: yes
+    assert maxdiff(d2["mtp_logits"][0, :, :t + 2], base["mtp_logits"][0, :, :t + 2]) < 1e-6
+    assert maxdiff(d2["mtp_logits"][1, :, :t + 2], base["mtp_logits"][1, :, :t + 2]) < 1e-6
+    assert maxdiff(d2["mtp_logits"][1, :, t + 2], base["mtp_logits"][1, :, t + 2]) > 1e-3  # depth 2 made at t: yes
+    np.testing.assert_array_equal(np.asarray(base["mtp_segment_ids"][1, :, :2]), -1)   # nothing made before 0
 
 
 # 8. remat: see test_dispatch_paths_and_remat_agree.

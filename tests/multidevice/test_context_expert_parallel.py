@@ -358,3 +358,32 @@ def test_bad_mesh_requests_fail_before_compiling():
     cfg.mesh.rules = tuple(cfg.mesh.rules) + (("expert_weights", "fsdp"),)
     with pytest.raises(ConfigError, match="may not name 'expert_weights'"):
         make_mesh(cfg)
+
+
+def _mtp_loss(cfg, params, batch):
+    """The trainer's MTP self-distillation term (c2jax.train.step.loss_terms' mtp_sum / mtp_weight)."""
+    from c2jax.train.step import loss_terms
+    terms = loss_terms(cfg, params, batch)
+    return terms["mtp_sum"] / terms["mtp_weight"]
+
+
+@pytest.mark.parametrize("attention,shape", [("mla", (1, 2, 2, 2)), ("gqa", (2, 1, 2, 2))])
+def test_mtp_loss_under_context_parallelism_matches_single_device(attention, shape):
+    """MTP heads under CP 2 (zigzag): the shifted tokens and the aligned predictions are gathered
+    by position, so the distillation loss and its gradients equal one device's."""
+    one, cfg = _cfg(attention, (1, 1, 1, 1)), _cfg(attention, shape)
+    one.model.num_mtp_layers = cfg.model.num_mtp_layers = 2
+    params = c2jax.models.init_params(cfg, jax.random.key(0))
+    batch = _batch(cfg)
+    with activate(one, make_mesh(one, jax.devices()[:1])):
+        ref_loss, ref_grads = jax.device_get(jax.jit(jax.value_and_grad(functools.partial(_mtp_loss, one)))(
+            params, batch))
+    fn = jax.value_and_grad(functools.partial(_mtp_loss, cfg))
+    mesh = make_mesh(cfg)
+    assert mesh.shape["context"] == 2
+    with activate(cfg, mesh):
+        loss, grads = jax.jit(fn)(jax.device_put(params, param_shardings(cfg, mesh)), zigzag_permute(batch, 2))
+    assert _rel_err(loss, ref_loss) <= 1e-5, (float(loss), float(ref_loss))
+    errs = jax.tree.map(_rel_err, grads, ref_grads)
+    assert max(jax.tree.leaves(errs)) <= 1e-5, errs
+    assert max(jax.tree.leaves(jax.tree.map(lambda g: float(np.max(np.abs(g))), ref_grads["mtp_1"]))) > 0

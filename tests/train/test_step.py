@@ -84,14 +84,16 @@ def test_mtp_distill_loss_masks_segment_boundaries():
     mtp = jnp.asarray(rng.normal(size=(1, B, L, V)), jnp.float32)
     seg = jnp.asarray([[1, 1, 1, 1, 2, 2, 2, 2]] * B)
     w = jnp.ones((B, L))
-    total, weight = mtp_distill_loss(mtp, logits, w, seg)
-    assert float(weight) == B * (L - 1 - 1)   # pairs (t, t+1) inside a segment
+    # depth 1, aligned: position t holds the prediction made at t - 1 (segment of t - 1; -1 at t = 0)
+    mtp_seg = jnp.concatenate([jnp.full((B, 1), -1), seg[:, :-1]], axis=1)[None]
+    total, weight = mtp_distill_loss(mtp, logits, w, seg, mtp_seg)
+    assert float(weight) == B * (L - 1 - 1)   # pairs (t - 1, t) inside a segment
     p = jax.nn.softmax(logits[:, 1:], -1)
-    lq = jax.nn.log_softmax(mtp[0, :, :-1], -1)
+    lq = jax.nn.log_softmax(mtp[0, :, 1:], -1)
     ce = -(p * lq).sum(-1) * (seg[:, :-1] == seg[:, 1:])
     np.testing.assert_allclose(total, ce.sum(), rtol=1e-5)
     # Gradient flows to the MTP head only, never into the teacher.
-    g = jax.grad(lambda lg: mtp_distill_loss(mtp, lg, w, seg)[0])(logits)
+    g = jax.grad(lambda lg: mtp_distill_loss(mtp, lg, w, seg, mtp_seg)[0])(logits)
     assert float(jnp.abs(g).max()) == 0.0
 
 
