@@ -127,3 +127,27 @@ def test_full_disk_keeps_the_last_checkpoint_and_removes_partial_files(reference
     # Space freed: the rerun resumes and finishes exactly as an uninterrupted run.
     rc, _ = cli(pretrain_args(run, corpus), capsys)
     assert rc == 0 and losses(run) == losses(reference_run)
+
+
+def test_convert_and_rerun_use_the_newest_intact_step(reference_run, corpus, tmp_path, capsys, caplog):
+    import numpy as np
+
+    from c2jax.hf.safetensors_io import SafetensorsFile
+    run = copy_run(reference_run, tmp_path / "run")
+    victim = os.path.join(run, "checkpoints", str(STEPS), "state", "manifest.ocdbt")
+    os.remove(victim)
+    out = tmp_path / "hf"
+    with caplog.at_level(logging.WARNING):
+        rc, lines = cli(["convert", "--from", "orbax", run, "--to", str(out)], capsys)
+    assert rc == 0, lines
+    assert any(r.getMessage().startswith(f"checkpoint step {STEPS} cannot be restored ({victim} is missing")
+               for r in caplog.records)
+    f = SafetensorsFile(str(out / "model.safetensors"))
+    embed = restored_state(reference_run, STEPS - 1)["leaves"]["['params']['embed']"]
+    np.testing.assert_array_equal(f.read("model.embed_tokens.weight"), embed)
+    f.close()
+    # A finished run launched again restores its last step and writes no second copy of its rows.
+    again = copy_run(reference_run, tmp_path / "again")
+    rc, _ = cli(pretrain_args(again, corpus), capsys)
+    assert rc == 0 and losses(again) == losses(reference_run)    # losses() rejects duplicate rows
+    assert json.load(open(os.path.join(again, "summary.json")))["start_step"] == STEPS
