@@ -70,8 +70,9 @@ def rl_table(paths) -> str:
     head = ("| config | topology | RL step HBM / chip | fits | RL step FLOPs -> time at peak | RL step kernels "
             "| learner -> sampler reshard | sampler decode HBM / chip | compile (RL step / reshard) | compiled |\n"
             "|---|---|---|---|---|---|---|---|---|---|")
-    reports = [json.load(open(p)) for p in paths]
-    return "\n".join([head] + [rl_row(r) for r in reports if "rl_step" in r])
+    reports = [json.load(open(p)) for p in paths if "rl_step" in json.load(open(p))]
+    cmds = [f"- `{_cfg(r)}`: `{r['command']}` (jax {r['jax']}, libtpu {r['libtpu']})" for r in reports]
+    return "\n".join([head] + [rl_row(r) for r in reports] + ["", "Written by:", ""] + cmds)
 
 
 def rl_compare(paths) -> str:
