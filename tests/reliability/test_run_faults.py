@@ -50,6 +50,13 @@ def test_init_from_another_shape_and_mistyped_init_from(reference_run, corpus, t
                                "a different model (model.num_layers=2 there, 3 here)")
     assert not (run / "checkpoints").exists() or not os.listdir(run / "checkpoints")
     assert not (run / "config.json").exists()
+    chats = tmp_path / "chats.jsonl"     # SFT from it: the same line (it used to crash inside scan)
+    chats.write_text(json.dumps({"messages": [{"role": "user", "content": "x"},
+                                              {"role": "assistant", "content": "y"}]}) + "\n")
+    args = pretrain_args(run, corpus, extra=[f"--config.train.init_from={reference_run}",
+                                             "--config.model.num_layers=3", f"--config.data.sft_path={chats}"])
+    rc, sft_lines = cli(["sft", *args[1:]], capsys)
+    assert rc == 2 and sft_lines == lines, sft_lines
     typo = str(tmp_path / "no_such_run")
     rc, lines = cli(pretrain_args(tmp_path / "sft2", corpus, extra=[f"--config.train.init_from={typo}"]), capsys)
     assert rc == 2 and lines == [f"error (FileNotFoundError): train.init_from={typo!r}: no such directory"]
