@@ -90,6 +90,24 @@ def config_differences(saved: dict, current: dict, prefix: str) -> list[str]:
             if saved[k] != current[k]]
 
 
+# train fields that can change the optimizer state's tree (its implementation, chain, accumulation)
+OPTIMIZER_FIELDS = ("optimizer", "grad_clip", "weight_decay", "grad_accum", "b1", "b2", "adam_eps")
+
+
+def saved_differences(cfg, run_dir: str, section: str, keys=None) -> list[str]:
+    """`section.key=saved there, current here` for the fields of `section` (only `keys`, when
+    given) where run_dir's config.json differs from cfg; [] without a readable config.json."""
+    try:
+        with open(os.path.join(run_dir, "config.json")) as f:
+            saved = json.load(f).get(section, {})
+    except (OSError, ValueError):
+        return []
+    now = _plain(cfg[section])
+    if keys is not None:
+        saved = {k: v for k, v in saved.items() if k in keys}
+    return config_differences(saved, now, section)
+
+
 def check_run_config(cfg, run_dir: str, purpose: str) -> None:
     """Compare cfg.model with the model `run_dir` was trained with (its config.json): a difference
     that changes the params' shapes or dtypes raises CheckpointMismatch naming the fields; other

@@ -27,7 +27,8 @@ from c2jax.parallel.distributed import global_batch
 from c2jax.progress import Heartbeat
 from c2jax.runlock import workdir_lock
 from c2jax.train.checkpoint import Checkpointer, StopFlag, abstract_like
-from c2jax.train.compat import check_init_from, check_workdir  # noqa: F401 (check_init_from re-exported)
+from c2jax.train.compat import (OPTIMIZER_FIELDS, check_init_from, check_workdir,  # noqa: F401 (re-exported)
+                                saved_differences)
 from c2jax.train.run_config import load_run_config  # noqa: F401 (re-exported: callers import it from here)
 from c2jax.train.metrics import MetricsWriter, Progress, measured_matmul_peak
 from c2jax.train.optimizer import learning_rate_schedule, make_optimizer
@@ -178,7 +179,9 @@ def _run_training(cfg, workdir: str) -> dict:
         start = 0
         if resuming:
             target = abstract_like(state, st_sh)
-            hint = "Resume with the run's config (its config.json) or use a new --workdir"
+            changed = saved_differences(cfg, workdir, "train", OPTIMIZER_FIELDS)
+            hint = ((f"Changed since the run started: {', '.join(changed)}. " if changed else "")
+                    + "Resume with the run's config (its config.json) or use a new --workdir")
             try:
                 step, restored = ckpt.restore_intact(lambda s: ckpt.restore(s, target, hint=hint), quarantine=True)
             except BaseException:

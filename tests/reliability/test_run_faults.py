@@ -25,6 +25,13 @@ def test_resume_with_another_shape_fails_before_writing(reference_run, corpus, t
     assert lines[0].startswith(f"error (CheckpointMismatch): resume: {run} was trained with a different model "
                                "(model.num_layers=2 there, 3 here)")
     assert _without_lock(tree_bytes(run)) == before            # config.json, checkpoints, metrics untouched
+    # Another optimizer state tree (no clipping: one transformation fewer in the chain).
+    rc, lines = cli(pretrain_args(run, corpus, extra=["--config.train.grad_clip=0.0"]), capsys)
+    assert rc == 2 and len(lines) == 1, lines
+    assert lines[0].startswith(f"error (CheckpointMismatch): checkpoint {run}/checkpoints/{STEPS} does not match "
+                               "this config: opt_state/")
+    assert "Changed since the run started: train.grad_clip=1.0 there, 0.0 here." in lines[0]
+    assert _without_lock(tree_bytes(run)) == before
 
 
 def test_convert_refuses_a_checkpoint_its_config_does_not_describe(reference_run, tmp_path, capsys):
