@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from c2jax import hf
+from c2jax.atomic_write import write_text_atomic
 from c2jax.data.codebase import codebase_eval_arrays, iter_batches
 from c2jax.data.pipeline import load_corpus_and_tokenizer, make_sft_iterator, make_train_iterator
 from c2jax.data.tokenizer import Tokenizer
@@ -42,8 +43,7 @@ class TrainingDiverged(RuntimeError):
 
 
 def _save_config(cfg, workdir):
-    with open(os.path.join(workdir, "config.json"), "w") as f:
-        f.write(cfg.to_json_best_effort(indent=2))
+    write_text_atomic(os.path.join(workdir, "config.json"), cfg.to_json_best_effort(indent=2))
 
 
 def _is_hf_dir(path):
@@ -272,8 +272,7 @@ def _run_training(cfg, workdir: str) -> dict:
             ckpt.close()
             writer.close()
             stop.restore()
-    with open(os.path.join(workdir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
+    write_text_atomic(os.path.join(workdir, "summary.json"), json.dumps(summary, indent=2))
     return summary
 
 
