@@ -98,3 +98,12 @@ def test_no_grad_forwards_follow_the_rl_section():
     assert compile_check.rl_no_grad_forwards(cfg) == {"reference": 1, "noreplay": 1}
     cfg.rl.kl_coef = 0.0
     assert compile_check.rl_no_grad_forwards(cfg) == {"noreplay": 1}
+
+
+def test_rl_step_that_does_not_fit_names_the_fix(rl_report):
+    cfg = load_config_file(TINY + ":rl")
+    cfg.pod.hbm_headroom = 1e-7          # pretend the chips are tiny
+    report = compile_check.judge(cfg, {k: dict(v) if isinstance(v, dict) else v for k, v in rl_report.items()})
+    assert not report["fits"] and not report["rl_step"]["fits"] and not report["reshard"]["fits"]
+    with pytest.raises(ConfigError, match="RL learner step needs .*reference params.*rl.micro_batch_rows"):
+        compile_check.check(cfg, report=report)
