@@ -21,7 +21,10 @@ chunk of the sequence at a time, model.head_chunks).
     python -m c2jax compile-check --config configs/pods/kimi_k2_1t.py:cpt --topology v5p:8x8x8
 
 `:rl` also compiles the RL learner step (the CPT step plus the reference's forward, router replay)
-and the learner -> sampler weight move onto the sampler's mesh (rl.sampler_mesh_shape).
+and the learner -> sampler weight move onto the sampler's mesh (rl.sampler_mesh_shape). The step
+holds the CPT step's memory plus the reference params in f32 (7.5 GiB per chip as an argument; the
+reference's forward runs before the differentiated one and adds no workspace at the peak):
+53.2 GiB per chip against the CPT step's 46.1 (experiments/results/pods/kimi_k2_1t_rl.json).
 """
 import os
 

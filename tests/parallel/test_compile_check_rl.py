@@ -107,3 +107,33 @@ def test_rl_step_that_does_not_fit_names_the_fix(rl_report):
     assert not report["fits"] and not report["rl_step"]["fits"] and not report["reshard"]["fits"]
     with pytest.raises(ConfigError, match="RL learner step needs .*reference params.*rl.micro_batch_rows"):
         compile_check.check(cfg, report=report)
+
+
+def test_committed_kimi_rl_report_holds_both_rl_programs_and_the_readme_shows_it():
+    """experiments/results/pods/kimi_k2_1t_rl.json (Kimi K2 :rl on v5p:8x8x8, written by its
+    `command`): the RL learner step runs every kernel of the CPT step plus the reference's forward
+    and fits; the reshard delivers the decode step's weights; the README's RL row is rendered
+    from it (experiments/pod_table.py --rl)."""
+    import json
+    import sys
+    path = os.path.join(ROOT, "experiments", "results", "pods", "kimi_k2_1t_rl.json")
+    r = json.load(open(path))
+    assert r["command"].endswith("--config configs/pods/kimi_k2_1t.py:rl --report "
+                                 "experiments/results/pods/kimi_k2_1t_rl.json")
+    tr, rl, rs, dec = r["train"], r["rl_step"], r["reshard"], r["decode"]
+    assert r["fits"] and rl["fits"] and rl["peak_gib"] <= 0.9 * r["hbm_per_chip_gib"]
+    assert rl["no_grad_forwards"] == {"reference": 1} and rl["router_replay"]
+    for name, n in tr["mosaic_kernels"].items():
+        assert rl["mosaic_kernels"][name] >= n
+    assert rl["mosaic_calls"] > tr["mosaic_calls"]
+    assert rl["step_s_at_peak"] == pytest.approx(
+        tr["step_s_at_peak"] + rl["forward_flops_per_step"] / r["chips"] / (r["peak_bf16_tflops"] * 1e12))
+    assert rs["dtype"] == "bfloat16" and rs["out_gib_per_chip"] == pytest.approx(dec["weights_gib"], rel=1e-3)
+    assert rs["in_gib_per_chip"] == pytest.approx(tr["params_gib"]) and rs["collectives"]["all-gather"] > 0
+    sys.path.insert(0, os.path.join(ROOT, "experiments"))
+    try:
+        import pod_table
+    finally:
+        sys.path.pop(0)
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    assert pod_table.rl_row(r) in readme
