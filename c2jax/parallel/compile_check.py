@@ -564,6 +564,10 @@ def advice(cfg, report, pod) -> str:
     return "\n".join(lines)
 
 
+def _size(gib: float) -> str:
+    return f"{gib:.2f} GiB" if gib >= 0.1 else f"{gib * 1024:.2f} MiB"
+
+
 def format_report(r: dict) -> str:
     """Human-readable compile-check report."""
     out = [(f"{r['config']} on {r['topology']} ({r['chips']} x {r['chip']}, {r['hbm_per_chip_gib']:.1f} GiB HBM, "
@@ -614,8 +618,8 @@ def format_report(r: dict) -> str:
     if rs:
         out.append(f"  reshard learner {rs['learner_mesh']} -> sampler {rs['sampler_mesh']} as {rs['dtype']}: "
                    f"compiled in {rs['compile_s']} s")
-        out.append(f"    per chip: in {rs['in_gib_per_chip']:.2f} GiB, out {rs['out_gib_per_chip']:.2f} GiB, at most "
-                   f"{rs['received_gib_per_chip']:.2f} GiB received from other chips; HBM {rs['peak_gib']:.2f} GiB "
+        out.append(f"    per chip: in {_size(rs['in_gib_per_chip'])}, out {_size(rs['out_gib_per_chip'])}, at most "
+                   f"{_size(rs['received_gib_per_chip'])} received from other chips; HBM {_size(rs['peak_gib'])} "
                    f"-> {'FITS' if rs['fits'] else 'DOES NOT FIT'}")
         coll = ", ".join(f"{k} x{n}" for k, n in rs["collectives"].items() if n) or "none"
         out.append(f"    collectives in the compiled program: {coll}")
