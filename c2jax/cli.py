@@ -132,7 +132,7 @@ def _main(argv) -> int:
     else:
         spec = args.config or ("configs/stages/sft.py" if args.command == "sft" else
                                "configs/rl_tiny.py" if args.command == "rl" else "configs/stages/cpt.py")
-    if args.command in ("pretrain", "sft"):   # fail at once when another run holds the workdir
+    if args.command in ("pretrain", "sft", "rl"):   # fail at once when another run holds the workdir
         from c2jax.runlock import ensure_free
         ensure_free(args.workdir or os.path.join("runs", args.command))
     import jax
