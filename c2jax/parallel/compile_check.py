@@ -375,11 +375,6 @@ def _main(cfg, topology: str | None) -> dict:
     devices = topology_devices(topology)
     validate(cfg, num_devices=len(devices))
     mesh = make_mesh(cfg, devices)
-    if mesh.shape.get("context", 1) > 1 and cfg.model.num_mtp_layers:
-        # the trainer (c2jax.train.loop) refuses this combination; do not prove a layout it cannot run
-        raise ConfigError("MTP heads with context parallelism (mesh context > 1) are not supported in training "
-                          "(the MTP shift assumes in-order tokens); set model.num_mtp_layers=0 or drop the "
-                          "context axis")
     t = cfg.train
     report = {"config": cfg.model.name, "topology": topology, "chip": chip, "chips": len(devices),
               "mesh": dict(mesh.shape), "hbm_per_chip_gib": hbm / GiB, "peak_bf16_tflops": peak / 1e12,

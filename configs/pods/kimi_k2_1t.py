@@ -54,9 +54,11 @@ def get_config(arg=None):
     cfg.model.name = f"kimi_k2_1t_{layout}"
     cfg.model.moe_dispatch = "dropless"
     cfg.model.remat = "full"
-    # CP layouts train without the MTP head: the trainer refuses MTP under CP (its shift assumes
-    # in-order tokens, the zigzag layout permutes them), and GSPMD replicated the head's
-    # shifted-embedding gradient over all chips (a full [B, L, D] f32 buffer, 56 GiB per chip).
+    # The pod layouts train without the MTP head for now. MTP under CP is correct (the zigzag shift,
+    # tests/multidevice), but the distillation reads the full f32 logits, which the chunked head
+    # (model.head_chunks) does not cover, and an earlier form of the head had GSPMD replicate its
+    # shifted-embedding gradient over all chips (a [B, L, D] f32 buffer, 56 GiB per chip); the
+    # head's HBM in these layouts is not yet measured.
     cfg.model.num_mtp_layers = 0
     # output head + loss over the sequence in 8 rematerialized chunks: one chunk's f32 logits
     # (512 tokens x 163840 per chip) live at a time instead of 4096 tokens' (2.5 GiB)
