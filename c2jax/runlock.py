@@ -32,7 +32,18 @@ def _holder(path: str) -> str:
     if not info:
         return "another process (it has not recorded its pid yet)"
     since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info.get("time", 0)))
-    return f"pid {info.get('pid')} on host {info.get('host')} (since {since})"
+    who = f"pid {info.get('pid')} on host {info.get('host')} (since {since})"
+    if info.get("host") == socket.gethostname() and not _alive(info.get("pid")):
+        who += ", which has exited: a process it forked still holds the lock; stop that process"
+    return who
+
+
+def _alive(pid) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (OSError, TypeError, ValueError) as e:
+        return isinstance(e, PermissionError)
+    return True
 
 
 def _busy(path: str) -> WorkdirLocked:

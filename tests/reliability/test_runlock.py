@@ -63,3 +63,27 @@ def test_unwritable_lock_directory_is_one_line(tmp_path):
         WorkdirLock(str(blocker / "run")).acquire()
     msg = one_line(e.value)
     assert msg is not None and str(blocker / "run") in msg and "\n" not in msg
+
+
+def test_lock_kept_by_a_forked_child_names_the_exited_holder(tmp_path):
+    code = ("import os, sys, time\nfrom c2jax.runlock import WorkdirLock\n"
+            "WorkdirLock(sys.argv[1]).acquire()\n"
+            "child = os.fork()\nif child == 0:\n    time.sleep(60)\n    os._exit(0)\n"
+            "print(child, flush=True)\nos._exit(0)\n")
+    p = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True,
+                         env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    child = int(p.stdout.readline())
+    p.wait(timeout=30)
+    try:
+        with pytest.raises(WorkdirLocked, match=f"pid {p.pid} on host .*which has exited: a process it forked"):
+            WorkdirLock(str(tmp_path)).acquire()
+    finally:
+        os.kill(child, signal.SIGKILL)
+    deadline = time.time() + 10
+    while True:     # the child gone, the lock is free
+        try:
+            with workdir_lock(str(tmp_path), primary=True):
+                break
+        except WorkdirLocked:
+            assert time.time() < deadline
+            time.sleep(0.05)
