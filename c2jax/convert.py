@@ -75,8 +75,10 @@ def orbax_to_hf(src: str, dst: str, quantize: str = "none", dtype: str | None = 
     cfg = load_run_config(src)
     params = load_run_params(src, cfg, purpose="convert")
     bar = Progress("save")
-    hf.save(cfg.model, params, dst, quantize=quantize, dtype=dtype, progress=bar)
-    bar.close()
+    try:
+        hf.save(cfg.model, params, dst, quantize=quantize, dtype=dtype, progress=bar)
+    finally:
+        bar.close()   # an error then starts on a line of its own
     return {"from": src, "to": dst, "quantize": quantize,
             "files": sorted(f for f in os.listdir(dst) if f.endswith((".safetensors", ".json")))}
 
@@ -91,13 +93,18 @@ def main(argv) -> int:
     ap.add_argument("--dtype", default=None, help="param dtype on import; unquantized tensors' dtype on export")
     ap.add_argument("--no-mtp", action="store_true", help="import: leave the checkpoint's MTP layers out")
     args = ap.parse_args(argv)
+    created = not os.path.exists(args.dst)   # a failed conversion removes what it wrote there
     try:
         if args.src_kind == "hf":
             summary = hf_to_orbax(args.src, args.dst, args.dtype, mtp=False if args.no_mtp else None)
         else:
             summary = orbax_to_hf(args.src, args.dst, args.quantize, args.dtype)
-    except (CheckpointError, FileNotFoundError) as e:
-        print(f"error ({type(e).__name__}): {e}", file=sys.stderr)
-        return 2
+    except BaseException as e:
+        if created:
+            shutil.rmtree(args.dst, ignore_errors=True)
+        if isinstance(e, (CheckpointError, FileNotFoundError)):
+            print(f"error ({type(e).__name__}): {e}", file=sys.stderr)
+            return 2
+        raise   # the CLI prints user errors (a full disk, a mismatch) in one line
     print(json.dumps(summary, indent=2))
     return 0

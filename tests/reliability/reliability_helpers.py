@@ -4,6 +4,7 @@ import importlib.util
 import json
 import os
 import pathlib
+import re
 import shutil
 import textwrap
 
@@ -34,12 +35,14 @@ def cli(args: list[str], capsys) -> tuple[int, list[str]]:
     capsys.readouterr()
     rc = main(list(args))
     err = capsys.readouterr().err
-    return rc, [line for line in err.splitlines() if line.strip() and not _is_log(line)]
+    shown = [line.rsplit("\r", 1)[-1] for line in err.split("\n")]   # what a terminal shows
+    return rc, [line for line in shown if line.strip() and not _is_log(line)]
 
 
 def _is_log(line: str) -> bool:
     parts = line.split(" ", 3)
-    return len(parts) > 2 and parts[2] in ("INFO", "WARNING", "DEBUG") or line.startswith(("step ", "cpt:", "sft:"))
+    return (len(parts) > 2 and parts[2] in ("INFO", "WARNING", "DEBUG") or line.startswith(("step ", "cpt:", "sft:"))
+            or re.match(r"(load|save) (\[|\d+ tensors)", line) is not None)   # progress lines
 
 
 def pretrain_args(workdir, corpus, steps=STEPS, extra=()) -> list[str]:

@@ -165,3 +165,22 @@ def test_convert_and_rerun_use_the_newest_intact_step(reference_run, corpus, tmp
     rc, _ = cli(pretrain_args(again, corpus), capsys)
     assert rc == 0 and losses(again) == losses(reference_run)    # losses() rejects duplicate rows
     assert json.load(open(os.path.join(again, "summary.json")))["start_step"] == STEPS
+
+
+def test_convert_on_a_full_disk_leaves_nothing_behind(reference_run, tmp_path, capsys, monkeypatch):
+    import c2jax.hf.checkpoint as hf_checkpoint
+    real = hf_checkpoint.write_file
+
+    def write_file(tensors, path, metadata=None):   # the disk fills up half-way through the file
+        with open(path, "wb") as f:
+            f.write(b"\0" * 1000)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+    monkeypatch.setattr(hf_checkpoint, "write_file", write_file)
+    out = tmp_path / "hf"
+    rc, lines = cli(["convert", "--from", "orbax", reference_run, "--to", str(out)], capsys)
+    assert rc == 2 and lines == [f"error (ENOSPC) at {out}/model.safetensors: disk full: free space there and "
+                                 "rerun (a run resumes from its last finished checkpoint)"], lines
+    assert not out.exists()
+    monkeypatch.setattr(hf_checkpoint, "write_file", real)
+    rc, _ = cli(["convert", "--from", "orbax", reference_run, "--to", str(out)], capsys)
+    assert rc == 0 and (out / "model.safetensors").exists()
