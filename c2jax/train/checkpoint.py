@@ -84,10 +84,11 @@ class Checkpointer:
         return restored["state"]["params"]
 
     def restore_intact(self, restore_fn, quarantine: bool = False):
-        """(step, restore_fn(step)) for the newest step that restores. A step that fails with
-        anything but CheckpointMismatch is reported (step, file, cause) and the next older one
-        tried; with `quarantine`, once an older step restored, the unreadable ones are moved to
-        DIR.corrupt/ so that the run can save those steps again. None when there are no steps; CheckpointUnreadable when none restores."""
+        """(step, restore_fn(step)) for the newest step that restores; (None, None) when there
+        are no steps. A step that fails with anything but CheckpointMismatch is reported (step,
+        file, cause) and the next older one tried; with `quarantine`, once an older step restored,
+        the unreadable ones are moved to DIR.corrupt/ (kept, so that they can be moved back) and
+        the run can save those steps again. CheckpointUnreadable when no step restores."""
         failures, bad = [], []
         for step in self.steps():
             try:
@@ -113,8 +114,9 @@ class Checkpointer:
     def quarantine(self, step: int) -> str:
         """Move an unreadable step out of the way (to DIR.corrupt/STEP-<time>); returns its new path."""
         dest = os.path.join(self.directory + ".corrupt", f"{step}-{int(time.time())}")
-        os.makedirs(os.path.dirname(dest), exist_ok=True)
-        os.replace(self.step_dir(step), dest)
+        if jax.process_index() == 0:   # one mover on shared storage
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            os.replace(self.step_dir(step), dest)
         self.manager.reload()
         log.warning("moved the unreadable checkpoint step %d to %s", step, dest)
         return dest
