@@ -93,7 +93,7 @@ def read_metrics(workdir: str) -> list[dict]:
 class Progress:
     """One status line per log step: step, loss, tokens/s, ETA."""
 
-    def __init__(self, total: int, start: int = 0, stream=sys.stderr):
+    def __init__(self, total: int, start: int = 0, stream=None):   # None: sys.stderr when printing
         self.total, self.start, self.t0, self.stream = total, start, time.time(), stream
 
     def update(self, step: int, **values):
@@ -104,7 +104,7 @@ class Progress:
                                                  for k, v in values.items()]
         parts.append(f"ETA {int(eta // 60)}m{int(eta % 60):02d}s")
         if jax.process_index() == 0:
-            print(" | ".join(parts), file=self.stream, flush=True)
+            print(" | ".join(parts), file=self.stream or sys.stderr, flush=True)
 
 
 @functools.lru_cache(maxsize=None)
