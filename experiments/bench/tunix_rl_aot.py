@@ -42,7 +42,8 @@ c2jax.parallel.compile_check.compile_rl_step on the learner cfg (learner_cfg: dr
 config experiments/bench/tpu_aot.py uses for its point qwen3_30b_a3b-fsdp64 (FSDP 64, flash
 attention, grouped-matmul MoE, remat full), with rl.kl_coef 1e-3 > 0 (the reference's forward in
 the same program, its params in the params' shardings), rl.router_replay on (forced_ids),
-rl.noreplay_metrics False, rl.micro_batch_rows 0 (one micro-batch).
+rl.noreplay_metrics False, rl.micro_batch_rows 0 (one micro-batch), rl.ppo_clip on with
+clip_eps 0.2 (Tunix's epsilon).
 
 Figures. memory_analysis() of the `full` compile gives peak HBM per chip. cost_analysis() gives
 flops, bytes accessed and optimal_seconds; XLA counts a loop body once, so c2jax's whole-step cost
@@ -186,6 +187,30 @@ class _DevicesAs:
         return getattr(self._jax, name)
 
 
+class _ScaledEstimates:
+    """A stand-in for `pl` inside jax's megablox gmm module whose CostEstimate scales flops and
+    bytes by `factor` (every other attribute is pallas')."""
+
+    def __init__(self, pl_module, factor: float):
+        self._pl, self._factor = pl_module, factor
+
+    def CostEstimate(self, flops, bytes_accessed, transcendentals=0, **kw):  # noqa: N802 (pallas' name)
+        f = self._factor
+        return self._pl.CostEstimate(flops=int(flops * f), bytes_accessed=int(bytes_accessed * f),
+                                     transcendentals=transcendentals, **kw)
+
+    def __getattr__(self, name):
+        return getattr(self._pl, name)
+
+
+def gmm_mean_rows_factor(chips: int) -> float:
+    """Mean received rows / receive-buffer rows of Tunix's MoE on a (chips, 1) fsdp mesh: each chip
+    gets B_local x T x K token copies on average, its megablox buffer holds
+    min(K, E / chips) x B_local x T x chips rows (tunix.models.qwen3.model.MoELayer)."""
+    k, e = QWEN3_30B["topk"], QWEN3_30B["experts"]
+    return k / (min(k, e // chips) * chips)
+
+
 def tunix_compile(p: dict, layers: int, devices, args) -> dict:
     import dataclasses
 
@@ -205,6 +230,12 @@ def tunix_compile(p: dict, layers: int, devices, args) -> dict:
     chips = len(devices)
     if not args.tunix_cpu_path:
         qwen3.jax = _DevicesAs(jax, devices)   # Tunix's TPU path (megablox, sharding constraints)
+    if args.gmm_estimate_at_mean_rows:
+        # the program is unchanged; only the cost estimate megablox hands XLA (2 m k n at the static
+        # row count m of the receive buffer) is read at the mean rows a chip receives
+        from jax.experimental.pallas.ops.tpu.megablox import gmm as megablox_gmm
+        if not isinstance(megablox_gmm.pl, _ScaledEstimates):
+            megablox_gmm.pl = _ScaledEstimates(megablox_gmm.pl, gmm_mean_rows_factor(chips))
     mesh = Mesh(mesh_utils.create_device_mesh((chips, 1), devices), ("fsdp", "tp"))
     cfg = qwen3.ModelConfig.qwen3_30b_a3b()
     cfg = dataclasses.replace(cfg, num_layers=layers, dtype=jnp.bfloat16, param_dtype=jnp.float32,
@@ -293,6 +324,7 @@ def tunix_side(p: dict, compiles: list, args) -> dict:
     res = {"side": "tunix", "google-tunix": version("google-tunix"), "jax": jax.__version__,
            "jaxlib": version("jaxlib"), "libtpu": version("libtpu"), "flax": version("flax"),
            "optax": version("optax"), "tpu_path": not args.tunix_cpu_path, "flash": not args.tunix_no_flash,
+           "gmm_estimate_scale": gmm_mean_rows_factor(len(devices)) if args.gmm_estimate_at_mean_rows else 1.0,
            "compiles": {}}
     for key in compiles:
         layers = p["layers"] if key == "full" else int(key[1:])
@@ -320,6 +352,7 @@ def c2jax_cfg(p: dict, layers: int | None, unrolled: bool):
     cfg.train.batch_size, cfg.train.seq_len = p["batch"], p["seq"]
     r = cfg.rl
     r.kl_coef, r.router_replay, r.noreplay_metrics, r.micro_batch_rows = 1e-3, True, False, 0
+    r.ppo_clip, r.clip_eps_low, r.clip_eps_high = True, 0.2, 0.2   # as Tunix's GRPO loss (epsilon 0.2)
     return learner_cfg(cfg)
 
 
@@ -463,10 +496,14 @@ def fmt(x, f="{:.2f}"):
 
 def table(paths: list) -> str:
     """Markdown table, one row per side (the latest report of each side among `paths`)."""
-    latest = {}
+    latest = {}   # side -> (paths, report with the compiles of all its reports, later files winning)
     for path in sorted(paths):
         with open(path) as f:
             r = json.load(f)
+        if r["side"] in latest:
+            prev_paths, prev = latest[r["side"]]
+            r["compiles"] = {**prev["compiles"], **r["compiles"]}
+            path = f"{prev_paths} + {os.path.basename(path)}"
         latest[r["side"]] = (path, r)
     lines = ["| side | peak HBM / chip GiB (args, temp, out) | TFLOPs / chip | bytes accessed / chip GB | "
              "optimal_seconds | cost from | kernels without cost estimate | optimal_seconds + their FLOPs at peak | "
@@ -490,7 +527,7 @@ def table(paths: list) -> str:
                      f"{fmt(w.get('bytes_accessed', None) and w['bytes_accessed'] / 1e9, '{:.1f}')} | "
                      f"{fmt(w.get('optimal_seconds'), '{:.3f}')} | {s.get('whole_source', 'n/a')} | {noest} | "
                      f"{fmt(s.get('optimal_seconds_plus_uncounted'), '{:.3f}')} | {kern} | "
-                     f"{os.path.relpath(path, ROOT) if os.path.isabs(path) else path} |")
+                     f"{path} |")
     return "\n".join(lines) + "\n", sums
 
 
@@ -510,6 +547,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tunix-cpu-path", action="store_true",
                     help="Tunix: keep the MoE / sharding path Tunix picks from this host's CPU devices")
     ap.add_argument("--tunix-no-flash", action="store_true", help="Tunix: use_flash_attention False (its default)")
+    ap.add_argument("--gmm-estimate-at-mean-rows", action="store_true",
+                    help="Tunix: scale megablox's cost estimates to the mean rows a chip receives (same program)")
     ap.add_argument("--tag", default="", help="suffix of the report's file name")
     ap.add_argument("--out-dir", default=DEFAULT_OUT)
     ap.add_argument("--table", nargs="*", help="print the markdown table of these reports and exit")
