@@ -20,3 +20,27 @@ def small_model_cfg(attention: str, **model_overrides):
     apply_overrides(cfg, upd)
     validate(cfg)
     return cfg
+
+
+def random_trajectories(cfg, n: int, seed: int = 0, prompt_len: int = 8, unrecorded: int = 3):
+    """n RL rollouts of 10-29 tokens for cfg's model: random tokens, model tokens after prompt_len
+    with behaviour logprobs, distinct recorded experts per MoE layer (-1 on the first `unrecorded`
+    positions), every third finished by a length limit."""
+    import numpy as np
+
+    from c2jax.models.transformer import layer_counts
+    from c2jax.trajectory import Trajectory
+    rng = np.random.default_rng(seed)
+    m = cfg.model
+    _, N = layer_counts(m)
+    out = []
+    for i in range(n):
+        T = int(rng.integers(10, 30))
+        mask = np.arange(T) >= prompt_len
+        ex = np.stack([np.stack([rng.permutation(m.num_experts)[:m.num_experts_per_tok] for _ in range(N)])
+                       for _ in range(T)]).astype(np.int32)
+        ex[:unrecorded] = -1
+        out.append(Trajectory(rng.integers(0, m.vocab_size, T).astype(np.int32), mask,
+                              np.where(mask, -3 * rng.random(T), 0).astype(np.float32), np.zeros(T, np.int32), ex,
+                              finish_reason="max_tokens" if i % 3 == 0 else "stop"))
+    return out

@@ -13,12 +13,11 @@ import pytest
 import c2jax
 from c2jax.config import ConfigError, load_config
 from c2jax.models import init_params
-from c2jax.models.transformer import layer_counts
 from c2jax.parallel import activate, make_mesh
 from c2jax.rl.learner import Learner, _logp, learner_cfg, place_batch
 from c2jax.rl.roles import reshard, rl_meshes, sampler_cfg, sampler_shardings
 from c2jax.sampling.engine import Request, Sampler
-from c2jax.trajectory import Trajectory
+from small_models import random_trajectories
 
 pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 devices (XLA_FLAGS host device count)")
 
@@ -35,24 +34,7 @@ def _cfg(attention, shape, rules=None):
 
 
 def _trajs(cfg, n=8, seed=0):
-    """Random rollouts: prompts, model tokens with behaviour logprobs, recorded experts (-1 on the
-    first positions: unrecorded), some truncated."""
-    rng = np.random.default_rng(seed)
-    m = cfg.model
-    _, N = layer_counts(m)
-    out = []
-    for i in range(n):
-        T = int(rng.integers(10, 30))
-        tokens = rng.integers(0, m.vocab_size, T).astype(np.int32)
-        mask = np.zeros(T, bool)
-        mask[8:] = True
-        logp = np.where(mask, -3 * rng.random(T), 0).astype(np.float32)
-        ex = np.stack([np.stack([rng.permutation(m.num_experts)[:m.num_experts_per_tok] for _ in range(N)])
-                       for _ in range(T)]).astype(np.int32)
-        ex[:3] = -1
-        out.append(Trajectory(tokens, mask, logp, np.zeros(T, np.int32), ex,
-                              finish_reason="max_tokens" if i % 3 == 0 else "stop"))
-    return out
+    return random_trajectories(cfg, n, seed)
 
 
 CASES = {

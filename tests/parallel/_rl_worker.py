@@ -9,25 +9,6 @@ import jax
 import numpy as np
 
 
-def trajectories(cfg, n, seed=0):
-    from c2jax.models.transformer import layer_counts
-    from c2jax.trajectory import Trajectory
-    rng = np.random.default_rng(seed)
-    m = cfg.model
-    _, N = layer_counts(m)
-    out = []
-    for _ in range(n):
-        T = int(rng.integers(10, 30))
-        mask = np.zeros(T, bool)
-        mask[6:] = True
-        ex = np.stack([np.stack([rng.permutation(m.num_experts)[:m.num_experts_per_tok] for _ in range(N)])
-                       for _ in range(T)]).astype(np.int32)
-        out.append(Trajectory(rng.integers(0, m.vocab_size, T).astype(np.int32), mask,
-                              np.where(mask, -3 * rng.random(T), 0).astype(np.float32), np.zeros(T, np.int32), ex,
-                              finish_reason="stop"))
-    return out
-
-
 def main():
     from c2jax.parallel import distributed
     info = distributed.initialize()     # from C2JAX_* env vars (or nothing: single process)
@@ -35,6 +16,8 @@ def main():
     from c2jax.config import load_config
     from c2jax.parallel import make_mesh
     from c2jax.rl.learner import Learner
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # tests/
+    from small_models import random_trajectories
 
     cfg = load_config("configs/rl_tiny.py:toy", [])
     cfg.model.attention = sys.argv[1]
@@ -47,7 +30,7 @@ def main():
     learner = Learner(cfg, params, mesh=mesh)
     losses = []
     for step in range(3):
-        trajs = trajectories(cfg, 8, seed=step)
+        trajs = random_trajectories(cfg, 8, seed=step, prompt_len=6, unrecorded=0)
         m = learner.step(trajs, np.linspace(-1, 1, len(trajs)).astype(np.float32))
         losses.append(m["loss"])
     if info["process_id"] == 0:
