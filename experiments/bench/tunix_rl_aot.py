@@ -3,8 +3,8 @@ same model (Qwen3-30B-A3B), same slice, same batch x sequence, f32 params + Adam
 compute, full remat; on this CPU machine (libtpu compiles for a topology from
 jax.experimental.topologies; nothing runs on a TPU).
 
-    bash experiments/reference/setup_tunix_env.sh              # tmp/venv-tunix (or $TUNIX_VENV)
-    tmp/venv-tunix/bin/python experiments/bench/tunix_rl_aot.py --side tunix --compiles L2,L4,full
+    bash experiments/reference/setup_tunix_env.sh              # .venv-tunix (or $TUNIX_VENV)
+    .venv-tunix/bin/python experiments/bench/tunix_rl_aot.py --side tunix --compiles L2,L4,full
     .venv/bin/python experiments/bench/tunix_rl_aot.py --side c2jax --compiles L2,L4,full
     python3 experiments/bench/tunix_rl_aot.py --table experiments/results/tunix/*.json   # no jax needed
 

@@ -2,7 +2,7 @@
 # Creates the Tunix environment for the side-by-side TPU AOT compile of Tunix's GRPO policy
 # update and c2jax's RL learner step (experiments/bench/tunix_rl_aot.py). Tunix (google-tunix on
 # PyPI) lives apart from the project's .venv: it brings its own flax / optax / qwix / grain stack.
-# The venv goes to $TUNIX_VENV (default: tmp/venv-tunix under the repository root, which
+# The venv goes to $TUNIX_VENV (default: .venv-tunix under the repository root, which
 # .gitignore's /tmp/ keeps out of git). No model weights, tokenizer or dataset are needed: the
 # benchmark builds Tunix's model abstractly and compiles for a TPU topology on this CPU machine.
 #
@@ -17,7 +17,7 @@ if [ -z "$PY" ]; then
   done
 fi
 [ -n "$PY" ] || { echo "error: Python 3.12 not found (set PY312=/path/to/python3.12)"; exit 1; }
-VENV="${TUNIX_VENV:-$ROOT/tmp/venv-tunix}"
+VENV="${TUNIX_VENV:-$ROOT/.venv-tunix}"
 TUNIX_VERSION="${TUNIX_VERSION:-0.1.7}"
 if [ ! -x "$VENV/bin/python" ]; then
   mkdir -p "$(dirname "$VENV")"
