@@ -110,13 +110,22 @@ class LocalRuntime:
 def run_rl(cfg, workdir: str, *, hooks=None) -> dict:
     """Run (or resume) RL into workdir. Returns the summary (also written to summary.json).
 
+    One run per workdir (c2jax.runlock); the model is checked against the run's config.json (on
+    resume) or train.init_from's before anything is written.
     hooks (tests / fault injection): {"after_step": fn(step, orchestrator, service)}."""
-    hooks = hooks or {}
+    from c2jax.runlock import workdir_lock
+    from c2jax.train.compat import check_workdir
     if "rl" not in cfg:
         cfg.rl = rl_defaults()
-    r = cfg.rl
-    validate_rl(r, cfg.model)
+    validate_rl(cfg.rl, cfg.model)
     os.makedirs(workdir, exist_ok=True)
+    with workdir_lock(workdir):
+        check_workdir(cfg, workdir)
+        return _run_rl(cfg, workdir, hooks or {})
+
+
+def _run_rl(cfg, workdir: str, hooks: dict) -> dict:
+    r = cfg.rl
     with open(os.path.join(workdir, "config.json"), "w") as f:
         f.write(cfg.to_json_best_effort(indent=2))
     from c2jax.train.metrics import MetricsWriter
