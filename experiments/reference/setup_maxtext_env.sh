@@ -7,13 +7,8 @@
 # machine, from the model's yml config alone.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-PY="${PY312:-}"
-if [ -z "$PY" ]; then
-  for p in /root/.pyenv/versions/3.12.1/bin/python3.12 "$(command -v python3.12 || true)"; do
-    if [ -n "$p" ] && "$p" -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1; then PY="$p"; break; fi
-  done
-fi
-[ -n "$PY" ] || { echo "error: Python 3.12 not found (set PY312=/path/to/python3.12)"; exit 1; }
+source "$ROOT/experiments/reference/find_python.sh"
+PY="$(find_python 3.12 PY312)"
 VENV="$ROOT/.venv-maxtext"
 MAXTEXT_VERSION="${MAXTEXT_VERSION:-0.2.5}"
 if [ ! -x "$VENV/bin/python" ]; then

@@ -5,7 +5,8 @@
 # transformers' dependency resolution does not pull a multi-GB CUDA torch from PyPI.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-PY="${PY311:-/root/.pyenv/versions/3.11.7/bin/python3.11}"
+source "$(dirname "${BASH_SOURCE[0]}")/find_python.sh"
+PY="$(find_python 3.11 PY311)"
 VENV="$ROOT/.venv-ref"
 if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"

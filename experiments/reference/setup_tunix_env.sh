@@ -2,21 +2,15 @@
 # Creates the Tunix environment for the side-by-side TPU AOT compile of Tunix's GRPO policy
 # update and c2jax's RL learner step (experiments/bench/tunix_rl_aot.py). Tunix (google-tunix on
 # PyPI) lives apart from the project's .venv: it brings its own flax / optax / qwix / grain stack.
-# The venv goes to $TUNIX_VENV (default: .venv-tunix under the repository root, which
-# .gitignore's /tmp/ keeps out of git). No model weights, tokenizer or dataset are needed: the
+# The venv goes to $TUNIX_VENV (default: .venv-tunix under the repository root, gitignored). No model weights, tokenizer or dataset are needed: the
 # benchmark builds Tunix's model abstractly and compiles for a TPU topology on this CPU machine.
 #
 #     bash experiments/reference/setup_tunix_env.sh
 #     TUNIX_VENV=/some/dir PY312=/path/to/python3.12 bash experiments/reference/setup_tunix_env.sh
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-PY="${PY312:-}"
-if [ -z "$PY" ]; then
-  for p in /root/.pyenv/versions/3.12.1/bin/python3.12 "$(command -v python3.12 || true)"; do
-    if [ -n "$p" ] && "$p" -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1; then PY="$p"; break; fi
-  done
-fi
-[ -n "$PY" ] || { echo "error: Python 3.12 not found (set PY312=/path/to/python3.12)"; exit 1; }
+source "$ROOT/experiments/reference/find_python.sh"
+PY="$(find_python 3.12 PY312)"
 VENV="${TUNIX_VENV:-$ROOT/.venv-tunix}"
 TUNIX_VERSION="${TUNIX_VERSION:-0.1.7}"
 if [ ! -x "$VENV/bin/python" ]; then
