@@ -59,11 +59,9 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
-import importlib.metadata
 import json
 import math
 import os
-import re
 import sys
 import time
 import traceback
@@ -84,53 +82,12 @@ POINT = {"name": "qwen3_30b_a3b-v5p128-fsdp64", "topology": "v5p:4x4x4", "batch"
 QWEN3_30B = {"heads": 32, "head_dim": 128, "kv_heads": 4, "hidden": 2048, "moe_ffn": 768, "experts": 128,
              "topk": 8, "vocab": 151936}
 
-_KERNEL_NAME = re.compile(r'kernel_name = "([^"]+)"')
+# the AOT readers MaxText's comparison uses (stdlib-only module; runs in any of the venvs)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "reference"))
+from maxtext_aot_driver import cost, kernels_without_cost_estimate, memory, mosaic_kernels, version  # noqa: E402
 
 
 # ----------------------------------------------------------------------------- shared helpers
-
-def version(pkg: str):
-    try:
-        return importlib.metadata.version(pkg)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def mosaic_kernels(text: str, without_estimate: bool = False) -> dict:
-    """{Mosaic kernel name: tpu_custom_call sites} in a lowered program's text; with
-    without_estimate, only the sites whose backend config carries no cost_estimate."""
-    names = {}
-    for line in text.splitlines():
-        if "tpu_custom_call" in line and not (without_estimate and "cost_estimate" in line):
-            m = _KERNEL_NAME.search(line)
-            key = m.group(1) if m else "?"
-            names[key] = names.get(key, 0) + 1
-    return dict(sorted(names.items()))
-
-
-def memory(compiled) -> dict:
-    ma = compiled.memory_analysis()
-    args, out, alias, temp = (ma.argument_size_in_bytes, ma.output_size_in_bytes, ma.alias_size_in_bytes,
-                              ma.temp_size_in_bytes)
-    peak = getattr(ma, "peak_memory_in_bytes", 0) or 0
-    total = args + out - alias + temp + ma.generated_code_size_in_bytes
-    return {"arguments_gib": args / GiB, "outputs_gib": out / GiB, "aliased_gib": alias / GiB,
-            "temp_gib": temp / GiB, "generated_code_gib": ma.generated_code_size_in_bytes / GiB,
-            "peak_gib": max(peak, total) / GiB}
-
-
-def cost(compiled) -> dict:
-    c = compiled.cost_analysis()
-    if isinstance(c, (list, tuple)):
-        c = c[0]
-    c = c or {}
-    return {"flops": float(c.get("flops", 0.0)), "bytes_accessed": float(c.get("bytes accessed", 0.0)),
-            "optimal_seconds": float(c.get("optimal_seconds", 0.0)),
-            "transcendentals": float(c.get("transcendentals", 0.0))}
-
-
-_OOM = re.compile(r"([\d.]+)([KMGT])\) exceeds available HBM")
-
 
 def compile_lowered(lowered) -> dict:
     """Compile; the compiler's memory and cost reports, or the exception (an HBM refusal is
@@ -288,7 +245,7 @@ def tunix_compile(p: dict, layers: int, devices, args) -> dict:
     res["lower_s"] = round(time.time() - t0, 1)
     text = lowered.as_text()
     res["mosaic_kernels"] = mosaic_kernels(text)
-    res["kernels_without_cost_estimate"] = mosaic_kernels(text, without_estimate=True)
+    res["kernels_without_cost_estimate"] = kernels_without_cost_estimate(text)
     res["ragged_all_to_all_sites"] = text.count("ragged_all_to_all")
     del text
     res.update(compile_lowered(lowered))
@@ -305,7 +262,7 @@ def tunix_compile(p: dict, layers: int, devices, args) -> dict:
             lw = ref_fn.lower(m_sds, example.prompt_ids, example.completion_ids)
         text = lw.as_text()
         ref = {"lower_s": round(time.time() - t0, 1), "mosaic_kernels": mosaic_kernels(text),
-               "kernels_without_cost_estimate": mosaic_kernels(text, without_estimate=True)}
+               "kernels_without_cost_estimate": kernels_without_cost_estimate(text)}
         del text
         ref.update(compile_lowered(lw))
         res["ref_forward"] = ref
@@ -375,7 +332,7 @@ def c2jax_compile(p: dict, layers: int | None, unrolled: bool, devices) -> dict:
            "no_grad_forwards": cc.rl_no_grad_forwards(cfg)}
     text = lowered.as_text()
     res["mosaic_kernels"] = mosaic_kernels(text)
-    res["kernels_without_cost_estimate"] = mosaic_kernels(text, without_estimate=True)
+    res["kernels_without_cost_estimate"] = kernels_without_cost_estimate(text)
     del text
     res.update(compile_lowered(lowered))
     res["state"] = cc.state_breakdown(abstract[2])
