@@ -238,25 +238,19 @@ def compile_decode_step(cfg, devices, batch: int, cache_len: int, chunk: int = 3
     """Lower the sampler's jitted decode chunk (`chunk` steps) on the decode mesh; returns
     (Lowered, decode mesh, {op: {implementation: call sites}} traced)."""
     from c2jax.models import init_cache
-    from c2jax.parallel.mesh import activate, logical_to_mesh_spec, make_mesh
+    from c2jax.parallel.mesh import make_mesh
     from c2jax.sampling.decode_weights import DecodeWeights
-    from c2jax.sampling.engine import decode_program
+    from c2jax.sampling.engine import MeshLayout, decode_program
     from c2jax.sampling.rows import init_row_state
     mesh = make_mesh(cfg, devices)
     m, params = sampler_params(cfg, mesh)
     weights = DecodeWeights(params, None, "quantized" if m.quant != "none" else "float")
     cache_shapes = jax.eval_shape(lambda: init_cache(m, batch, cache_len))
-    with activate(cfg, mesh):
-        b_spec = logical_to_mesh_spec(P("batch"), cfg, mesh)[0]
-        if b_spec is not None:
-            names = b_spec if isinstance(b_spec, tuple) else (b_spec,)
-            if batch % math.prod(mesh.shape[a] for a in names):
-                b_spec = None
-        cache = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
-            x.shape, x.dtype, sharding=NamedSharding(mesh, P(None, b_spec))), cache_shapes)
-        state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
-            x.shape, x.dtype, sharding=NamedSharding(mesh, P(b_spec, *[None] * (x.ndim - 1)))),
-            jax.eval_shape(lambda: init_row_state(batch)))
+    layout = MeshLayout(cfg, mesh, batch)   # where the Sampler on this mesh keeps its cache and rows
+    with layout.active():
+        cache = _abstract(cache_shapes, layout.cache_shardings(cache_shapes))
+        rows = jax.eval_shape(lambda: init_row_state(batch))
+        state = _abstract(rows, layout.row_shardings(rows))
         min_live = jax.ShapeDtypeStruct((), jnp.int32, sharding=NamedSharding(mesh, P()))
         decode = decode_program(m, cache_len, batch)
         with record_choices() as kernels:

@@ -307,7 +307,7 @@ def _compiled_step(cfg_json: str):
     """One jitted step per config (one-device learners of equal configs share compiles)."""
     import json
     cfg = ml_collections.ConfigDict(json.loads(cfg_json))
-    return jax.jit(functools.partial(rl_train_step, cfg, make_optimizer(cfg.train)), donate_argnums=(0,))
+    return make_rl_step(cfg, make_optimizer(cfg.train))
 
 
 def make_rl_step(cfg, optimizer, state_shardings=None):
@@ -337,11 +337,15 @@ def batch_shardings(cfg, mesh, batch) -> dict:
     return out
 
 
+def _spec_size(entry, mesh) -> int:
+    """Devices a PartitionSpec entry (None, an axis or a tuple of axes) splits a dim over."""
+    names = () if entry is None else (entry if isinstance(entry, tuple) else (entry,))
+    return int(np.prod([mesh.shape[a] for a in names])) if names else 1
+
+
 def context_size(cfg, mesh) -> int:
     """CP degree of the learner mesh (the axes `length` maps to)."""
-    spec = logical_to_mesh_spec(PartitionSpec("length"), cfg, mesh)[0]
-    names = () if spec is None else (spec if isinstance(spec, tuple) else (spec,))
-    return int(np.prod([mesh.shape[a] for a in names])) if names else 1
+    return _spec_size(logical_to_mesh_spec(PartitionSpec("length"), cfg, mesh)[0], mesh)
 
 
 def place_batch(cfg, mesh, batch) -> dict:
@@ -361,9 +365,7 @@ def place_batch(cfg, mesh, batch) -> dict:
 
 def batch_axis_size(cfg, mesh) -> int:
     """Devices the learner batch's rows are split over (B must be a multiple of it)."""
-    spec = data_sharding(cfg, mesh).spec[0]
-    names = () if spec is None else (spec if isinstance(spec, tuple) else (spec,))
-    return int(np.prod([mesh.shape[a] for a in names])) if names else 1
+    return _spec_size(data_sharding(cfg, mesh).spec[0], mesh)
 
 
 class Learner:

@@ -53,27 +53,47 @@ def sampler_cfg(cfg) -> ml_collections.ConfigDict:
     return d
 
 
-def rl_meshes(cfg, devices=None) -> Roles:
-    """The learner's and the sampler's devices and meshes for an RL config.
-
-    The sampler's mesh is rl.sampler_mesh_shape (() = one device, the sampler of a laptop run);
-    the learner's is mesh.shape over the devices the sampler leaves (a -1 entry takes them all).
-    A role on one device gets no mesh (the one-device programs)."""
-    from c2jax.parallel.mesh import make_mesh
-    devices = list(devices if devices is not None else jax.devices())
-    n_all = len(devices)
+def _sampler_shape(cfg) -> tuple:
     s_shape = tuple(int(x) for x in cfg.rl.sampler_mesh_shape)
     if s_shape and len(s_shape) != len(cfg.mesh.axes):
         raise ConfigError(f"rl.sampler_mesh_shape {s_shape} needs one size per mesh axis {tuple(cfg.mesh.axes)}")
     if any(x < 1 for x in s_shape):
         raise ConfigError(f"rl.sampler_mesh_shape {s_shape}: sizes must be >= 1 (no -1: name the sampler's devices)")
+    return s_shape
+
+
+def _learner_mesh(cfg, devices):
+    """mesh.shape over exactly `devices` (None for one device)."""
+    from c2jax.parallel.mesh import make_mesh
+    if len(devices) == 1:
+        return None
+    lcfg = ml_collections.ConfigDict(cfg.to_dict())
+    lcfg.mesh.shape = mesh_shape(cfg.mesh, len(devices))
+    return make_mesh(lcfg, devices)
+
+
+def _sampler_mesh(cfg, devices):
+    """rl.sampler_mesh_shape over exactly `devices` (None when unset or one device)."""
+    from c2jax.parallel.mesh import make_mesh
+    return make_mesh(sampler_cfg(cfg), devices) if _sampler_shape(cfg) and len(devices) > 1 else None
+
+
+def rl_meshes(cfg, devices=None) -> Roles:
+    """The learner's and the sampler's devices and meshes for an RL config.
+
+    The sampler's mesh is rl.sampler_mesh_shape (() = one device, the sampler of a laptop run);
+    the learner's is mesh.shape over the devices the sampler leaves (a -1 entry takes as many as
+    fit). A role on one device gets no mesh (the one-device programs)."""
+    devices = list(devices if devices is not None else jax.devices())
+    n_all = len(devices)
+    s_shape = _sampler_shape(cfg)
     n_s = math.prod(s_shape) if s_shape else 1
-    fixed = [x for x in cfg.mesh.shape if x != -1]
+    fixed = math.prod(x for x in cfg.mesh.shape if x != -1)
     if -1 in tuple(cfg.mesh.shape):
-        room = n_all - n_s if s_shape and n_all - n_s >= math.prod(fixed) else n_all
-        n_l = math.prod(mesh_shape(cfg.mesh, room - room % math.prod(fixed)))
+        room = n_all - n_s if s_shape and n_all - n_s >= fixed else n_all
+        n_l = room // fixed * fixed
     else:
-        n_l = math.prod(cfg.mesh.shape)
+        n_l = fixed
     if n_l > n_all or n_s > n_all:
         raise ConfigError(f"the learner mesh ({n_l} devices, mesh.shape {tuple(cfg.mesh.shape)}) and the sampler "
                           f"mesh ({n_s}, rl.sampler_mesh_shape {s_shape}) need more than the {n_all} devices"
@@ -81,29 +101,21 @@ def rl_meshes(cfg, devices=None) -> Roles:
                              if devices[0].platform == "cpu" else ""))
     learner = devices[:n_l]
     sampler = devices[n_l:n_l + n_s] if n_l + n_s <= n_all else devices[:n_s]
-    lcfg = ml_collections.ConfigDict(cfg.to_dict())
-    lcfg.mesh.shape = mesh_shape(cfg.mesh, n_l)
-    l_mesh = make_mesh(lcfg, learner) if n_l > 1 else None
-    s_mesh = make_mesh(sampler_cfg(cfg), sampler) if s_shape and n_s > 1 else None
-    return Roles(l_mesh, s_mesh, learner, sampler)
+    return Roles(_learner_mesh(cfg, learner), _sampler_mesh(cfg, sampler), learner, sampler)
 
 
 def process_roles(cfg, role: str, devices=None) -> Roles:
     """The roles of a process that holds one role alone (a Ray learner or sampler actor): the
     learner's mesh.shape, or the sampler's rl.sampler_mesh_shape, over this process's devices."""
-    from c2jax.parallel.mesh import make_mesh
     devices = list(devices if devices is not None else jax.local_devices())
     if role == "learner":
-        lcfg = ml_collections.ConfigDict(cfg.to_dict())
-        lcfg.mesh.shape = mesh_shape(cfg.mesh, len(devices))
-        return Roles(make_mesh(lcfg, devices) if len(devices) > 1 else None, None, devices, [])
-    s_shape = tuple(int(x) for x in cfg.rl.sampler_mesh_shape)
+        return Roles(_learner_mesh(cfg, devices), None, devices, [])
+    s_shape = _sampler_shape(cfg)
     n_s = math.prod(s_shape) if s_shape else 1
     if n_s > len(devices):
         raise ConfigError(f"rl.sampler_mesh_shape {s_shape} needs {n_s} devices; this sampler process has "
                           f"{len(devices)}")
-    mesh = make_mesh(sampler_cfg(cfg), devices[:n_s]) if s_shape and n_s > 1 else None
-    return Roles(None, mesh, [], devices[:n_s])
+    return Roles(None, _sampler_mesh(cfg, devices[:n_s]), [], devices[:n_s])
 
 
 def cast_floating(params, dtype):
