@@ -171,9 +171,12 @@ class Transformer(nn.Module):
     cfg: Any
 
     @nn.compact
-    def __call__(self, tokens_BL, positions_BL, segment_ids_BL, forced_ids_NBLK=None, cache=None, head=True):
+    def __call__(self, tokens_BL, positions_BL, segment_ids_BL, forced_ids_NBLK=None, cache=None, head=True,
+                 mtp=None):
         """(logits f32 [B, L, V], aux, cache); with head=False the final-normed hidden states
-        [B, L, D] in place of the logits (and no MTP heads): the trainer's fused head + loss."""
+        [B, L, D] in place of the logits and the MTP heads' normed states in aux["mtp_hidden"]
+        [D, B, L, D] in place of aux["mtp_logits"]: the trainer's fused head + loss. mtp: run
+        the MTP heads (default: with the head; never on the KV-cache path)."""
         m = self.cfg
         dt, pdt = dtype_of(m.dtype), dtype_of(m.param_dtype)
         embed = self.param("embed", nn.with_logical_partitioning(nn.initializers.normal(m.init_std),
@@ -198,7 +201,22 @@ class Transformer(nn.Module):
         hidden_BLD = x
         self.sow("intermediates", "hidden", hidden_BLD)  # read by speculative decoding (MTP drafts)
         final_norm = RMSNorm(m.rms_norm_eps, "embed", pdt, kernels_of(m), name="final_norm")
+        run_mtp = bool(m.num_mtp_layers) and not cache and (head if mtp is None else mtp)
+        if run_mtp:
+            mtp_normed, mtp_segments, h = [], [], hidden_BLD
+            for d in range(1, m.num_mtp_layers + 1):
+                shift = mtp_shift(tokens_BL.shape[1], d)
+                ahead_BL = jnp.where(shift.ahead_ok, jnp.take(tokens_BL, shift.ahead, axis=1), 0)
+                next_emb = embed_lookup(embed, ahead_BL, dt)
+                h, normed, _ = MTPHead(m, n_moe > 0, name=f"mtp_{d}")(h, next_emb, positions_BL, segment_ids_BL)
+                # each position gets the prediction made d tokens before it: the same token as the
+                # main head's there (the hidden state moves, not the [B, L, V] logits)
+                mtp_normed.append(jnp.take(normed, shift.back, axis=1))
+                mtp_segments.append(jnp.where(shift.back_ok, jnp.take(segment_ids_BL, shift.back, axis=1), -1))
+            aux["mtp_segment_ids"] = jnp.stack(mtp_segments)
         if not head:
+            if run_mtp:
+                aux["mtp_hidden"] = jnp.stack(mtp_normed)
             return final_norm(hidden_BLD), aux, None
         head = None if m.tie_embeddings else Linear(m.vocab_size, ("embed", "vocab"), dtype=dt,
                                                     kernels=kernels_of(m),
@@ -215,19 +233,8 @@ class Transformer(nn.Module):
             return nn.with_logical_constraint(out.astype(jnp.float32), ("batch", "length", "vocab"))
 
         logits = logits_of(hidden_BLD)
-        if m.num_mtp_layers and not cache:  # MTP heads run in training forwards, not on the KV-cache path
-            mtp_logits, mtp_segments, h = [], [], hidden_BLD
-            for d in range(1, m.num_mtp_layers + 1):
-                shift = mtp_shift(tokens_BL.shape[1], d)
-                ahead_BL = jnp.where(shift.ahead_ok, jnp.take(tokens_BL, shift.ahead, axis=1), 0)
-                next_emb = embed_lookup(embed, ahead_BL, dt)
-                h, normed, _ = MTPHead(m, n_moe > 0, name=f"mtp_{d}")(h, next_emb, positions_BL, segment_ids_BL)
-                # each position gets the prediction made d tokens before it: the same token as the
-                # main head's there (the hidden state moves, not the [B, L, V] logits)
-                mtp_logits.append(project(jnp.take(normed, shift.back, axis=1)))
-                mtp_segments.append(jnp.where(shift.back_ok, jnp.take(segment_ids_BL, shift.back, axis=1), -1))
-            aux["mtp_logits"] = jnp.stack(mtp_logits)
-            aux["mtp_segment_ids"] = jnp.stack(mtp_segments)
+        if run_mtp:
+            aux["mtp_logits"] = jnp.stack([project(h) for h in mtp_normed])
         return logits, aux, (new_cache if cache else None)
 
     def _expert_stacks(self):
@@ -299,19 +306,22 @@ def dropless(m):
 
 
 def forward(cfg, params, tokens_BL, positions_BL=None, segment_ids_BL=None, *,
-            forced_expert_ids=None, return_aux: bool = False, head: bool = True, train_dispatch: bool = False):
+            forced_expert_ids=None, return_aux: bool = False, head: bool = True, train_dispatch: bool = False,
+            mtp: bool | None = None):
     """Logits float32 [B, L, V] for int32 tokens [B, L]; with return_aux a ForwardOutput.
     params: the params dict, or c2jax.models.prepared.Weights (some weights stored prepared).
 
     forced_expert_ids: int [N_moe, B, L, K] replays recorded routing (router replay).
-    head=False: the final-normed hidden states [B, L, D] in place of the logits and no MTP heads,
-    for losses that apply the output head themselves (c2jax.train.head_loss).
+    head=False: the final-normed hidden states [B, L, D] in place of the logits, for losses that
+    apply the output head themselves (c2jax.train.head_loss); the MTP heads run when `mtp` (default:
+    head) and the model has them, their outputs in aux ("mtp_logits", or with head=False
+    "mtp_hidden"; "mtp_segment_ids").
     Dropless unless train_dispatch (the training step's opt-in to model.moe_dispatch="capacity")."""
     m = model_cfg(cfg) if train_dispatch else dropless(model_cfg(cfg))
     tokens_BL = jnp.asarray(tokens_BL, jnp.int32)
     positions_BL, segment_ids_BL = _defaults(tokens_BL, positions_BL, segment_ids_BL)
     logits, aux, _ = Transformer(m).apply(variables(params), tokens_BL, positions_BL, segment_ids_BL,
-                                          forced_expert_ids, cache={}, head=head)
+                                          forced_expert_ids, cache={}, head=head, mtp=mtp)
     if return_aux:
         return ForwardOutput(logits, aux)
     return logits

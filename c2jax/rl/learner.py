@@ -50,7 +50,7 @@ from c2jax.parallel.mesh import active_logical_axes, axes_size, data_sharding, l
 from c2jax.rl.advantages import apply_kl_penalty, broadcast_advantages
 from c2jax.rl.losses import _masked_p99, loss_token_count, policy_loss
 from c2jax.train.optimizer import make_optimizer
-from c2jax.train.step import apply_if_finite, forward_nll, init_state, mtp_distill_loss
+from c2jax.train.step import apply_if_finite, forward_nll, init_state, mtp_distill_terms, mtp_metrics
 
 
 def learner_cfg(cfg) -> ml_collections.ConfigDict:
@@ -252,14 +252,14 @@ def rl_train_step(cfg, optimizer, state, ref_params, batch):
 
         def loss_fn(params):
             if mtp:   # the heads distil the main head's (detached) distribution on the sampled tokens
-                nll, _, out = forward_nll(cfg, params, b, forced, scale=1.0 / r.temperature, with_logits=True)
+                nll, _, out = forward_nll(cfg, params, b, forced, scale=1.0 / r.temperature, mtp=True)
                 logp, aux = _to_token_order(-nll), out.aux
-                s, w = mtp_distill_loss(aux["mtp_logits"], out.logits, _to_model_order(b["loss_mask"]),
-                                        b["segment_ids"], aux["mtp_segment_ids"])
-                mtp_loss = s / jnp.maximum(w, 1.0)
+                s_P, w_P = mtp_distill_terms(cfg, params, out, _to_model_order(b["loss_mask"]), b["segment_ids"])
+                mtp_loss = jnp.sum(s_P) / jnp.maximum(jnp.sum(w_P), 1.0)
+                mtp_terms = (s_P, w_P)
             else:
                 logp, aux = _logp(cfg, params, b, forced)
-                mtp_loss = jnp.float32(0)
+                mtp_loss, mtp_terms = jnp.float32(0), None
             if ref_logp is not None:
                 adv = apply_kl_penalty(b["advantages"], logp, ref_logp, b["loss_mask"], r.kl_coef, r.kl_estimator,
                                        r.kl_to_go)
@@ -272,7 +272,7 @@ def rl_train_step(cfg, optimizer, state, ref_params, batch):
             rf = jnp.mean(aux["replaced_fraction"]) if "replaced_fraction" in aux else jnp.float32(0)
             agree = jnp.sum(aux["route_agree"] & tok) if tok is not None else jnp.float32(0)
             return loss, (jax.lax.stop_gradient(logp), jax.lax.stop_gradient(adv), rf, agree,
-                          jax.lax.stop_gradient(mtp_loss))
+                          jax.lax.stop_gradient(mtp_terms))
 
         (_, extras), g = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
         return jax.tree.map(jnp.add, acc, g), extras
@@ -289,7 +289,7 @@ def rl_train_step(cfg, optimizer, state, ref_params, batch):
     if any(has_replaced):
         lm["replay_replaced_fraction"] = jnp.mean(replaced_M)
     if mtp:
-        lm["mtp_loss"] = jnp.mean(mtp_M)
+        lm.update(mtp_metrics(jnp.sum(mtp_M[0], axis=0), jnp.sum(mtp_M[1], axis=0)))
     lm["logp_mean"] = jnp.sum(jnp.where(mask, _from_micro(logp_M), 0.0)) / jnp.maximum(jnp.sum(mask), 1)
     new_params, new_opt, finite, grad_norm = apply_if_finite(optimizer, state["params"], state["opt_state"],
                                                              grads, loss)

@@ -99,3 +99,36 @@ def chunked_head_token_nll(h_BLD, w, targets_BL, *, chunks: int, scale: float = 
     _, (nll_CBl, lse_CBl) = jax.lax.scan(lambda c, xs: (c, one_chunk(*xs)), None, (h_CBlD, t_CBl),
                                          unroll=bool(unroll))
     return (jnp.moveaxis(nll_CBl, 0, 2).reshape(B, L), jnp.moveaxis(lse_CBl, 0, 2).reshape(B, L))
+
+
+def chunked_head_distill(h_BLD, mtp_h_PBLD, w, weights_PBL, *, chunks: int, tied: bool = False,
+                         unroll: bool = False):
+    """MTP self-distillation through the output head, one sequence chunk at a time: for each depth
+    p, sum over tokens of weights * CE(softmax(stop_grad(h @ W)), log_softmax(mtp_h[p] @ W)).
+    Returns (sum_P, weight_P) float32. The teacher (the main head's distribution) carries no
+    gradient; the students' gradients reach mtp_h and W. Chunks as in chunked_head_token_nll
+    (strided, rematerialized in the backward), so at most one chunk's [P, B, L / chunks, V]
+    logits are live."""
+    P, B, L, D = mtp_h_PBLD.shape
+    c = chunks if chunks > 1 and L % chunks == 0 else 1
+    Lc = L // c
+    h_CBlD = jnp.moveaxis(h_BLD.reshape(B, Lc, c, D), 2, 0)
+    m_CPBlD = jnp.moveaxis(mtp_h_PBLD.reshape(P, B, Lc, c, D), 3, 0)
+    w_CPBl = jnp.moveaxis(weights_PBL.astype(jnp.float32).reshape(P, B, Lc, c), 3, 0)
+    w_sg = jax.lax.stop_gradient(w)
+
+    @jax.checkpoint
+    def one_chunk(h_BlD, m_PBlD, w_PBl):
+        teacher_TV = jax.nn.softmax(_logits(jax.lax.stop_gradient(h_BlD).reshape(B * Lc, D),
+                                            w_sg.astype(h_BlD.dtype), 1.0, tied), axis=-1)
+        wc = w.astype(m_PBlD.dtype)
+        student_PTV = jax.vmap(lambda x: jax.nn.log_softmax(_logits(x.reshape(B * Lc, D), wc, 1.0, tied), -1))(m_PBlD)
+        ce_PT = -jnp.sum(teacher_TV[None] * student_PTV, axis=-1)
+        wt_PT = w_PBl.reshape(P, B * Lc)
+        return jnp.sum(ce_PT * wt_PT, axis=1), jnp.sum(wt_PT, axis=1)
+
+    if c == 1:
+        return one_chunk(h_CBlD[0], m_CPBlD[0], w_CPBl[0])
+    _, (s_CP, wt_CP) = jax.lax.scan(lambda carry, xs: (carry, one_chunk(*xs)), None, (h_CBlD, m_CPBlD, w_CPBl),
+                                    unroll=bool(unroll))
+    return jnp.sum(s_CP, axis=0), jnp.sum(wt_CP, axis=0)

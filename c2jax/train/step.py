@@ -17,7 +17,7 @@ from c2jax.models import forward, head_weight, update_router_bias
 from c2jax.models.layers import kernels_of
 from c2jax.models.transformer import model_cfg, unrolled_stacks
 from c2jax.ops import token_nll as token_nll_op
-from c2jax.train.head_loss import chunked_head_token_nll
+from c2jax.train.head_loss import chunked_head_distill, chunked_head_token_nll
 from c2jax.treepath import flatten_by_path, key_names
 
 BATCH_KEYS = ("inputs", "targets", "segment_ids", "positions", "loss_weights")
@@ -49,13 +49,14 @@ _nll_lse.defvjp(_nll_lse_fwd, _nll_lse_bwd)
 
 
 def forward_nll(cfg, params, batch, forced_expert_ids=None, *, scale: float = 1.0, with_logits: bool = False,
-                train_dispatch: bool = False):
+                train_dispatch: bool = False, mtp: bool | None = None):
     """(nll_BL, lse_BL, ForwardOutput) of the batch's targets under logits * scale. Without
     with_logits the output head runs fused with the loss (c2jax.train.head_loss; out.logits then
-    holds the final hidden states and no MTP heads run)."""
+    holds the final hidden states). mtp: run the MTP heads (default: with with_logits; their
+    outputs in out.aux, with_logits=False: the states mtp_distill_terms reads)."""
     out = forward(cfg, params, batch["inputs"], batch["positions"], batch["segment_ids"],
                   forced_expert_ids=forced_expert_ids, return_aux=True, head=with_logits,
-                  train_dispatch=train_dispatch)
+                  train_dispatch=train_dispatch, mtp=mtp)
     if with_logits:
         nll_BL, lse_BL = token_nll(out.logits * scale if scale != 1.0 else out.logits, batch["targets"])
         return nll_BL, lse_BL, out
@@ -85,18 +86,37 @@ def mtp_distill_loss(mtp_logits_DBLV, logits_BLV, loss_weights_BL, segment_ids_B
     return total, weight
 
 
+def mtp_distill_terms(cfg, params, out, loss_weights_BL, segment_ids_BL):
+    """(sum_P, weight_P) float32 per MTP depth: mtp_distill_loss's terms from a head=False
+    forward's aux["mtp_hidden"] (out.logits = the final hidden states), the head applied in
+    model.head_chunks sequence chunks (c2jax.train.head_loss.chunked_head_distill) so no [B, L, V]
+    logits are materialized whole."""
+    m = model_cfg(cfg)
+    aux = out.aux
+    w_PBL = loss_weights_BL.astype(jnp.float32)[None] * (aux["mtp_segment_ids"] == segment_ids_BL[None])
+    w, tied = head_weight(cfg, params)
+    return chunked_head_distill(out.logits, aux["mtp_hidden"], w, w_PBL, chunks=int(m.get("head_chunks", 1)),
+                                tied=tied, unroll=m.scan_unroll >= m.num_layers)
+
+
+def mtp_metrics(sum_P, weight_P):
+    """mtp_loss (all depths) and mtp_loss_{p} per depth p = 1..P from summed terms."""
+    out = {"mtp_loss": jnp.sum(sum_P) / jnp.maximum(jnp.sum(weight_P), 1.0)}
+    for p in range(sum_P.shape[-1]):
+        out[f"mtp_loss_{p + 1}"] = sum_P[..., p] / jnp.maximum(weight_P[..., p], 1.0)
+    return out
+
+
 def loss_terms(cfg, params, batch, forced_expert_ids=None):
     """Sums (not means) of every loss term over one microbatch, plus router aux outputs."""
     m = model_cfg(cfg)
-    nll_BL, lse_BL, out = forward_nll(cfg, params, batch, forced_expert_ids, with_logits=bool(m.num_mtp_layers),
-                                      train_dispatch=True)
+    mtp = bool(m.num_mtp_layers) and float(cfg.train.mtp_loss_weight) > 0
+    nll_BL, lse_BL, out = forward_nll(cfg, params, batch, forced_expert_ids, train_dispatch=True, mtp=mtp)
     w = batch["loss_weights"].astype(jnp.float32)
     terms = {"nll_sum": jnp.sum(nll_BL * w), "weight": jnp.sum(w),
              "z_sum": jnp.sum(jnp.square(lse_BL) * w)}
-    if "mtp_logits" in out.aux:
-        s, ww = mtp_distill_loss(out.aux["mtp_logits"], out.logits, w, batch["segment_ids"],
-                                 out.aux["mtp_segment_ids"])
-        terms["mtp_sum"], terms["mtp_weight"] = s, ww
+    if "mtp_hidden" in out.aux:
+        terms["mtp_sum"], terms["mtp_weight"] = mtp_distill_terms(cfg, params, out, w, batch["segment_ids"])
     if "expert_load" in out.aux:
         terms["lb_loss"] = jnp.mean(out.aux["load_balance_loss"])
         terms["z_router"] = jnp.mean(out.aux["router_z_loss"])
@@ -113,7 +133,8 @@ def total_loss(cfg, terms, total_weight, num_micro):
     if t.z_loss:
         loss += t.z_loss * terms["z_sum"] / total_weight
     if "mtp_sum" in terms:
-        loss += t.mtp_loss_weight * terms["mtp_sum"] / jnp.maximum(terms["mtp_weight"], 1.0) / num_micro
+        loss += (t.mtp_loss_weight * jnp.sum(terms["mtp_sum"]) / jnp.maximum(jnp.sum(terms["mtp_weight"]), 1.0)
+                 / num_micro)
     if "lb_loss" in terms:
         loss += (m.load_balance_loss_weight * terms["lb_loss"] + m.router_z_loss_weight * terms["z_router"]
                  ) / num_micro
@@ -208,7 +229,7 @@ def train_step(cfg, optimizer, state, batch):
         metrics["dropped_fraction"] = jnp.mean(terms_all["dropped_fraction"])
         metrics["load_balance_loss"] = jnp.mean(terms_all["lb_loss"])
     if "mtp_sum" in terms_all:
-        metrics["mtp_loss"] = jnp.sum(terms_all["mtp_sum"]) / jnp.maximum(jnp.sum(terms_all["mtp_weight"]), 1.0)
+        metrics.update(mtp_metrics(jnp.sum(terms_all["mtp_sum"], axis=0), jnp.sum(terms_all["mtp_weight"], axis=0)))
     return new_state, metrics
 
 

@@ -198,3 +198,75 @@ def test_head_chunks_in_the_trainer_loss():
     np.testing.assert_allclose(l4, l1, rtol=1e-5, atol=1e-5)
     with pytest.raises(c2jax.config.ConfigError, match="head_chunks"):
         load_config("configs/tiny.py", ["--config.model.head_chunks=0"])
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_chunked_mtp_distill_matches_logits_reference(tied):
+    """chunked_head_distill (per depth, any chunking) against mtp_distill_loss on materialized
+    logits: values, and gradients to the MTP states and the head weight (none to the teacher)."""
+    from c2jax.train.head_loss import _logits, chunked_head_distill
+    from c2jax.train.step import mtp_distill_loss
+    rng = np.random.default_rng(4)
+    P, B, L, D, V = 2, 2, 12, 16, 40
+    h = jnp.asarray(rng.standard_normal((B, L, D)), jnp.float32)
+    mh = jnp.asarray(rng.standard_normal((P, B, L, D)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((V, D) if tied else (D, V)) * 0.3, jnp.float32)
+    lw = jnp.asarray(rng.uniform(0.5, 1.5, (B, L)), jnp.float32)
+    seg = jnp.asarray(np.repeat([[1] * 7 + [2] * 5], B, 0), jnp.int32)
+    mseg = jnp.stack([jnp.where(jnp.arange(L) >= p + 1, jnp.roll(seg, p + 1, axis=1), -1) for p in range(P)])
+    wt = lw[None] * (mseg == seg[None])
+
+    def reference(h, mh, w):
+        lg = lambda x: _logits(x.reshape(-1, D), w, 1.0, tied).reshape(x.shape[:-1] + (V,))  # noqa: E731
+        per = [mtp_distill_loss(lg(mh[p])[None], lg(h), lw, seg, mseg[p][None]) for p in range(P)]
+        return jnp.stack([s for s, _ in per]), jnp.stack([x for _, x in per])
+
+    s_ref, w_ref = reference(h, mh, w)
+    g_ref = jax.grad(lambda *a: jnp.sum(reference(*a)[0] * jnp.array([1.0, 0.5])), argnums=(0, 1, 2))(h, mh, w)
+    assert float(jnp.max(jnp.abs(g_ref[0]))) == 0.0     # the teacher carries no gradient
+    for chunks, unroll in ((1, False), (3, False), (4, True), (5, False)):
+        fn = lambda h, mh, w: chunked_head_distill(h, mh, w, wt, chunks=chunks, tied=tied, unroll=unroll)  # noqa
+        s, ww = jax.jit(fn)(h, mh, w)
+        np.testing.assert_allclose(s, s_ref, rtol=1e-5)
+        np.testing.assert_allclose(ww, w_ref, rtol=1e-6)
+        g = jax.grad(lambda *a: jnp.sum(fn(*a)[0] * jnp.array([1.0, 0.5])), argnums=(0, 1, 2))(h, mh, w)
+        for a, b in zip(g, g_ref):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("head_chunks", [1, 4])
+def test_trainer_mtp_terms_equal_logits_path(head_chunks):
+    """loss_terms' per-depth MTP terms (heads' states through the chunked head) against
+    mtp_distill_loss on the model's aux mtp_logits, with gradients."""
+    from c2jax.train.step import mtp_distill_loss
+    cfg = load_config("configs/tiny.py", [
+        "--config.model.hidden_size=32", "--config.model.num_layers=2", "--config.model.moe_intermediate_size=16",
+        "--config.model.intermediate_size=32", "--config.model.vocab_size=96", "--config.model.init_std=0.1",
+        "--config.model.num_mtp_layers=2", f"--config.model.head_chunks={head_chunks}"])
+    params = c2jax.models.init_params(cfg, jax.random.key(1))
+    rng = np.random.default_rng(5)
+    B, L = 2, 16
+    x = rng.integers(0, 96, (B, L + 1)).astype(np.int32)
+    batch = {"inputs": x[:, :-1], "targets": x[:, 1:], "segment_ids": np.repeat([[1] * 9 + [2] * 7], B, 0),
+             "positions": np.arange(L, dtype=np.int32)[None].repeat(B, 0),
+             "loss_weights": rng.uniform(0.5, 1.0, (B, L)).astype(np.float32)}
+
+    def fused(p):
+        t = loss_terms(cfg, p, batch)
+        return jnp.sum(t["mtp_sum"]) / jnp.sum(t["mtp_weight"]), t
+
+    def reference(p):
+        _, _, out = forward_nll(cfg, p, batch, with_logits=True)
+        per = [mtp_distill_loss(out.aux["mtp_logits"][d][None], out.logits, batch["loss_weights"],
+                                batch["segment_ids"], out.aux["mtp_segment_ids"][d][None]) for d in range(2)]
+        s, w = jnp.stack([a for a, _ in per]), jnp.stack([b for _, b in per])
+        return jnp.sum(s) / jnp.sum(w), {"mtp_sum": s, "mtp_weight": w}
+
+    (v_f, t_f), g_f = jax.value_and_grad(fused, has_aux=True)(params)
+    (v_r, t_r), g_r = jax.value_and_grad(reference, has_aux=True)(params)
+    assert t_f["mtp_sum"].shape == (2,)
+    np.testing.assert_allclose(t_f["mtp_sum"], t_r["mtp_sum"], rtol=1e-5)
+    np.testing.assert_allclose(t_f["mtp_weight"], t_r["mtp_weight"], rtol=1e-6)
+    np.testing.assert_allclose(v_f, v_r, rtol=1e-5)
+    assert float(jnp.max(jnp.abs(g_f["mtp_1"]["eh_proj"]["kernel"]))) > 0
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=5e-6), g_f, g_r)
