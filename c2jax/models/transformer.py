@@ -390,7 +390,8 @@ def mtp_forward_with_cache(cfg, params, depth: int, h_BLD, ahead_BL, positions_B
 
 
 def param_count(cfg) -> dict[str, int]:
-    """Total and active (per token) parameter counts; embeddings counted once."""
+    """Total and active (per token) parameter counts; embeddings counted once; "mtp": the MTP
+    heads' own params (in total; they share the embedding and output head)."""
     m = model_cfg(cfg)
     shapes = abstract_params(m)
     total = sum(x.size for x in jax.tree.leaves(shapes))
@@ -401,7 +402,8 @@ def param_count(cfg) -> dict[str, int]:
         inactive = n_moe * (m.num_experts - m.num_experts_per_tok) * expert
         inactive += m.num_mtp_layers * (m.num_experts - m.num_experts_per_tok) * expert
     embed = m.vocab_size * m.hidden_size
-    return {"total": int(total), "active": int(total - inactive), "embedding": int(embed)}
+    mtp = sum(x.size for k, v in shapes.items() if k.startswith("mtp_") for x in jax.tree.leaves(v))
+    return {"total": int(total), "active": int(total - inactive), "embedding": int(embed), "mtp": int(mtp)}
 
 
 def flops_per_token(cfg, seq_len: int, training: bool = True) -> float:

@@ -561,8 +561,9 @@ def format_report(r: dict) -> str:
     """Human-readable compile-check report."""
     out = [(f"{r['config']} on {r['topology']} ({r['chips']} x {r['chip']}, {r['hbm_per_chip_gib']:.1f} GiB HBM, "
             f"{r['peak_bf16_tflops']:.0f} TFLOP/s bf16 per chip)"),
-           (f"  params: {r['params']['total'] / 1e9:.2f}B total, {r['params']['active'] / 1e9:.2f}B active; "
-            f"mesh {r['mesh']}")]
+           (f"  params: {r['params']['total'] / 1e9:.2f}B total, {r['params']['active'] / 1e9:.2f}B active"
+            + (f", of which MTP heads {r['params']['mtp'] / 1e9:.2f}B" if r["params"].get("mtp") else "")
+            + f"; mesh {r['mesh']}")]
     for name in ("train", "rl_step", "decode"):
         s = r.get(name)
         if not s:
@@ -590,6 +591,9 @@ def format_report(r: dict) -> str:
             out.append(f"      = params {s['params_gib']:.2f} + optimizer {s['optimizer_gib']:.2f} (arguments, "
                        f"donated) + grads {s['grads_gib']:.2f} + activations/workspace {s['activations_gib']:.2f} "
                        f"(temp) GiB")
+        if s.get("mtp_params_gib"):
+            out.append(f"      the MTP heads' params: {_size(s['mtp_params_gib'])} per chip (and as much again in "
+                       f"grads, twice in optimizer state)")
         if "weights_gib" in s:
             out.append(f"      the sampler's weights: {s['weights_gib']:.2f} GiB per chip")
         if "kernels" in s:

@@ -54,12 +54,9 @@ def get_config(arg=None):
     cfg.model.name = f"kimi_k2_1t_{layout}"
     cfg.model.moe_dispatch = "dropless"
     cfg.model.remat = "full"
-    # The pod layouts train without the MTP head for now. MTP under CP is correct (the zigzag shift,
-    # tests/multidevice), but the distillation reads the full f32 logits, which the chunked head
-    # (model.head_chunks) does not cover, and an earlier form of the head had GSPMD replicate its
-    # shifted-embedding gradient over all chips (a [B, L, D] f32 buffer, 56 GiB per chip); the
-    # head's HBM in these layouts is not yet measured.
-    cfg.model.num_mtp_layers = 0
+    # The MTP head (model.num_mtp_layers = 1, as the model has it) trains in every layout: under CP
+    # its shifted tokens are gathered by position (transformer.mtp_shift), and its distillation
+    # applies the output head in the same head_chunks pieces as the main loss.
     # output head + loss over the sequence in 8 rematerialized chunks: one chunk's f32 logits
     # (512 tokens x 163840 per chip) live at a time instead of 4096 tokens' (2.5 GiB)
     cfg.model.head_chunks = 8
