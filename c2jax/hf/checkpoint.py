@@ -78,7 +78,7 @@ def _mtp_layers(hf_text: dict, m, ckpt: Checkpoint, mtp: bool | None, stats: dic
     """How many MTP layers to import: all the checkpoint has, unless mtp=False or (mtp=None) some
     are missing. Each head keeps its own output norm (shared_head.norm); its embedding and head
     copies are the main model's and are not read."""
-    n = int(hf_text.get("num_nextn_predict_layers") or 0) if m.attention == "mla" else 0
+    n = int(hf_text.get("num_nextn_predict_layers") or 0)
     present = [d for d in range(1, n + 1) if ckpt.has(f"model.layers.{mtp_layer(m, d)}.eh_proj.weight")]
     if mtp is True and (not n or len(present) != n):
         raise CheckpointError(f"{ckpt.path}: mtp=True but the checkpoint has {len(present)} of "

@@ -131,8 +131,6 @@ def config_to_hf(cfg) -> dict:
         if m.yarn_mscale_all_dim:
             rope["mscale_all_dim"] = m.yarn_mscale_all_dim
     if m.attention == "gqa":
-        if m.num_mtp_layers:
-            raise CheckpointError("MTP heads export only with the deepseek_v3 layout (MLA); set model.num_mtp_layers=0")
         if m.router != "softmax" or m.num_shared_experts or m.routed_scaling_factor != 1.0 or m.n_group > 1:
             raise CheckpointError("a GQA model exports as qwen3_moe, which has a plain softmax router only")
         if not m.qk_norm:
@@ -143,7 +141,10 @@ def config_to_hf(cfg) -> dict:
                 "decoder_sparse_step": 1,
                 "mlp_only_layers": list(range(m.first_k_dense)), "attention_bias": m.attention_bias,
                 "use_sliding_window": False, "sliding_window": None, "rope_parameters": rope,
-                "rope_theta": m.rope_theta, "router_aux_loss_coef": 0.0}
+                "rope_theta": m.rope_theta, "router_aux_loss_coef": 0.0,
+                # qwen3_moe has no MTP: the heads ride along as DeepSeek-V3-style layers
+                # num_hidden_layers + d - 1 (transformers ignores them; c2jax.hf.load reads them)
+                **({"num_nextn_predict_layers": m.num_mtp_layers} if m.num_mtp_layers else {})}
     if m.router != "sigmoid":
         raise CheckpointError("an MLA model exports as deepseek_v3, which needs model.router='sigmoid'")
     return {**common, "model_type": "deepseek_v3", "architectures": ["DeepseekV3ForCausalLM"],

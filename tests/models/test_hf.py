@@ -107,3 +107,21 @@ def test_load_onto_a_sharding():
     _, params2 = c2jax.hf.load(os.path.join(FIX, "qwen3_moe_tiny"),
                                shardings=jax.tree.map(lambda _: dev, params), dtype="bfloat16")
     assert all(x.dtype == np.dtype("bfloat16") for x in jax.tree.leaves(params2))
+
+
+def test_gqa_model_with_mtp_heads_round_trips(tmp_path):
+    """A qwen3_moe-layout model with MTP heads exports them as layers num_hidden_layers + d - 1
+    (num_nextn_predict_layers in config.json) and imports them back bit for bit."""
+    from c2jax.config import load_config
+    cfg = load_config("configs/tiny.py", ["--config.model.num_mtp_layers=1", "--config.model.num_layers=2",
+                                          "--config.model.vocab_size=64"])
+    params = c2jax.models.init_params(cfg, jax.random.key(3))
+    c2jax.hf.save(cfg, params, str(tmp_path))
+    hf_cfg = json.load(open(tmp_path / "config.json"))
+    assert hf_cfg["model_type"] == "qwen3_moe" and hf_cfg["num_nextn_predict_layers"] == 1
+    assert "model.layers.2.eh_proj.weight" in _keys_and_shapes(str(tmp_path))
+    m2, params2 = c2jax.hf.load(str(tmp_path))
+    assert m2.num_mtp_layers == 1
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), params, params2)
+    _, no_heads = c2jax.hf.load(str(tmp_path), mtp=False)
+    assert not any(k.startswith("mtp_") for k in no_heads)
