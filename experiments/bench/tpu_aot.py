@@ -57,7 +57,7 @@ DRIVER = os.path.join(ROOT, "experiments", "reference", "maxtext_aot_driver.py")
 DEFAULT_OUT = os.path.join(ROOT, "experiments", "results", "tpu_aot")
 GiB = 1024 ** 3
 sys.path.insert(0, os.path.dirname(DRIVER))
-from maxtext_aot_driver import cost as _cost, kernels_without_cost_estimate  # noqa: E402  (no MaxText import)
+from maxtext_aot_driver import cost as _cost, kernels_without_cost_estimate, mosaic_calls  # noqa: E402  (no MaxText import)
 
 # ----------------------------------------------------------------------------- points
 # model: c2jax config file (plus model overrides) and MaxText's model_name (plus overrides)
@@ -81,6 +81,8 @@ MODELS = {
                                "head_dim": 128, "base_moe_mlp_dim": 128, "base_mlp_dim": 128, "num_experts": 8,
                                "num_experts_per_tok": 2, "vocab_size": 512}},
 }
+
+C2JAX_EP_CAPACITY = 2.0   # c2jax's mesh.ep_capacity_factor at every EP point unless the point sets one
 
 # layout: (c2jax mesh.shape over (data, fsdp, context, expert), c2jax rules, MaxText ici_* settings)
 FSDP_RULES = {"embed": "fsdp", "expert_fsdp": "fsdp", "experts": "expert", "batch": ("data", "fsdp", "expert")}
@@ -206,7 +208,7 @@ def c2jax_config(p: dict, layers: int | None, unrolled: bool):
         # does; MaxText shards the same weights by their q_lora / kv_lora dim over the same axes
         rules["heads"] = rules["embed"]
     cfg.mesh.rules = tuple((n, rules.get(n, t)) for n, t in cfg.mesh.rules)
-    cfg.mesh.ep_capacity_factor = 2.0
+    cfg.mesh.ep_capacity_factor = C2JAX_EP_CAPACITY
     for k, v in p.get("c2jax_mesh_extra", {}).items():
         cfg.mesh[k] = v
     cfg.train.batch_size, cfg.train.seq_len, cfg.train.grad_accum = p["batch"], p["seq"], 1
@@ -242,6 +244,8 @@ def c2jax_compile(p: dict, layers: int | None, unrolled: bool, devices) -> dict:
         out.update(status="hbm_oom", memory=oom, error=oom.get("compile_error"))
     else:
         out.update(status="ok", memory=cc._memory(compiled), cost=_cost(compiled))
+        if unrolled:   # the cost extrapolation's compiles: their kernel calls, for the one cost model
+            out["mosaic_calls"] = mosaic_calls(compiled.as_text())
         out["memory"].update(cc.state_breakdown(abstract[2]))
     del compiled, lowered, abstract
     gc.collect()
@@ -281,9 +285,34 @@ def maxtext_overrides(p: dict, layers: int | None, unrolled: bool) -> list[str]:
           "dataset_type": "synthetic", "enable_checkpointing": "false", "run_name": "tpu_aot",
           "base_output_directory": "/tmp/maxtext_aot", "enable_tensorboard": "false",
           **p["maxtext_mesh"], **spec["maxtext_model"]}
+    ov.update(maxtext_matching(p))
+    ov.update(p.get("maxtext_extra", {}))
     if layers is not None:
         ov["base_num_decoder_layers"] = layers
     return [f"{k}={v}" for k, v in ov.items()]
+
+
+def c2jax_capacity(p: dict) -> float:
+    """c2jax's EP receive-buffer factor at point p (0 = worst-case buffers, dropless)."""
+    return float(p.get("c2jax_mesh_extra", {}).get("ep_capacity_factor", C2JAX_EP_CAPACITY))
+
+
+def maxtext_matching(p: dict) -> dict:
+    """MaxText's settings that match c2jax's at point p: the expert weights' FSDP split over their
+    expert dim where c2jax splits experts over fsdp (shard_exp_on_fsdp), EP receive buffers of the
+    same factor of the balanced load as c2jax's capacity (ragged_buffer_factor; -1 = MaxText's
+    worst case, dropless, where c2jax's is 0), and the output head in the same number of chunks
+    (num_vocab_tiling)."""
+    ov = {}
+    if p["ep"] == 1 and p["c2jax_rules"].get("expert_fsdp") == "fsdp":
+        ov["shard_exp_on_fsdp"] = "true"
+    if p["ep"] > 1:
+        cap = c2jax_capacity(p)
+        ov["ragged_buffer_factor"] = cap if cap > 0 else -1.0
+    chunks = p.get("c2jax_extra", {}).get("head_chunks", 1)
+    if chunks > 1:
+        ov["num_vocab_tiling"] = chunks
+    return ov
 
 
 def maxtext_side(p: dict, compiles, out_dir: str, stem: str, timeout: float) -> dict:
@@ -373,6 +402,179 @@ def kernel_flops(cfg, p: dict, chips: int) -> dict:
             "layers": m.num_layers, "moe_layers": n_moe}
 
 
+# ----------------------------------------------------------------------------- one cost model
+
+# XLA's TPU cost analysis times a Mosaic call by the estimate its author hands it, as
+# max(flops / flops_per_s, bytes / bytes_per_s), with these rates (written by
+# `tpu_aot.py --xla-roofline v5p:2x2x1`: one Pallas call's optimal_seconds against the estimate
+# it carries; experiments/results/tpu_aot/xla_roofline_v5p.json).
+XLA_ROOFLINE = {"v5p": {"flops_per_s": 394e12, "bytes_per_s": 2.3504e12}}
+
+
+def _roofline(chip: str) -> dict:
+    return XLA_ROOFLINE.get(chip, XLA_ROOFLINE["v5p"])
+
+
+def _call_seconds(flops: float, nbytes: float, chip: str) -> float:
+    r = _roofline(chip)
+    return max(flops / r["flops_per_s"], nbytes / r["bytes_per_s"])
+
+
+def attention_kind(kernel: str) -> str | None:
+    """'fwd' / 'dkv' / 'dq' for a flash / splash attention kernel name, else None."""
+    n = kernel.lower()
+    if not any(t in n for t in ("flash", "splash", "mha", "_fwd_kernel", "_dq_kernel", "_dkv_kernel")):
+        return None
+    for kind in ("dkv", "dq", "fwd"):
+        if kind in n:
+            return kind
+    return None
+
+
+def call_model(call: dict, causal: bool = True) -> dict | None:
+    """The one model's {family, flops, bytes} of one Mosaic call (experiments/reference/
+    maxtext_aot_driver.py's mosaic_calls record: operand / output shapes, the kernel's blocks),
+    by pallas_kernels/cost.py's formulas with the tiling the call's kernel body uses; None for a
+    kernel the model does not cover (its own estimate then stands)."""
+    from pallas_kernels.cost import flash_traffic, gmm_traffic, tgmm_traffic
+    outs = call["outputs"]
+    blocks = call.get("blocks") or []
+    if blocks:   # the kernel's inputs are the call's last operands (before them: grid bounds, prefetch)
+        n_in = len(blocks) - len(outs) - (call.get("scratch") or 0)
+        ins = call["operands"][len(call["operands"]) - n_in:]
+    else:
+        ins = call["operands"][call.get("scalar_prefetch") or 0:]
+        n_in = len(ins)
+
+    def block(i):   # the VMEM block of kernel operand i (inputs, then outputs), or None
+        if i < len(blocks) and blocks[i][0] == "vmem":
+            return blocks[i][2]
+        return None
+
+    floats = [i for i, (dt, sh) in enumerate(ins) if dt.startswith(("bf", "f", "e")) and dt != "pred"]
+    kind = attention_kind(call["kernel"])
+    if kind:
+        big = [i for i in floats if len(ins[i][1]) >= 3]
+        if len(big) < 3:
+            return None
+        (dt, q), (_, k), (_, v) = ins[big[0]], ins[big[1]], ins[big[2]]
+        b = math.prod(q[:-3]) if len(q) > 3 else 1
+        h, lq, d = q[-3:]
+        kh, lk, e = k[-3], k[-2], v[-1]
+        bq = (block(big[0]) or [512])[-2]
+        bk = (block(big[1]) or [512])[-2]
+        fused_dq = kind == "dkv" and sum(1 for o in outs if o[1][-3:] == q[-3:]) > 0
+        t = flash_traffic(kind, b, h, kh, lq, lk, d, e, causal=causal, by_position=causal and lq != lk,
+                          bq=min(bq, lq), bk=min(bk, lk), dtype=dt, fused_dq=fused_dq)
+        return {"family": "attention", "kind": kind, "flops": t["flops"], "bytes": t["bytes"]}
+    out_rank = len(outs[0][1]) if outs else 0
+    r2 = [i for i in floats if len(ins[i][1]) == 2]
+    r3 = [i for i in floats if len(ins[i][1]) == 3]
+    if out_rank == 3 and len(r2) >= 2:                     # tgmm: [M, K]^T x [M, N] -> [G, K, N]
+        g, kk, nn = outs[0][1]
+        x, y = ins[r2[0]], ins[r2[1]]
+        m = x[1][0] if x[1][1] == kk else x[1][1]
+        ob = block(n_in) or [1, 512, 1024]
+        xb = block(r2[0]) or [512, 512]
+        tm = xb[0] if x[1][1] == kk else xb[1]
+        t = tgmm_traffic(m, kk, nn, g, (tm, ob[-2], ob[-1]), x[0], y[0], outs[0][0])
+        return {"family": "experts", "kind": "tgmm", "flops": t["flops"], "bytes": t["bytes"]}
+    if out_rank == 2 and r2 and r3:                        # gmm: [M, K] x G x [K, N] -> [M, N]
+        lhs, rhs = ins[r2[0]], ins[r3[0]]
+        m, kk = lhs[1]
+        nn = outs[0][1][1]
+        g = rhs[1][0]
+        lb = block(r2[0]) or [512, 512]
+        ob = block(n_in) or [512, 1024]
+        t = gmm_traffic(m, kk, nn, g, (lb[0], lb[1], ob[-1]), lhs[0], rhs[0], outs[0][0])
+        return {"family": "experts", "kind": "gmm", "flops": t["flops"], "bytes": t["bytes"]}
+    return None
+
+
+def mosaic_model(calls: list[dict], chip: str, causal: bool = True) -> dict:
+    """Sums over one compile's Mosaic calls: what their authors' estimates make XLA count
+    ("self": flops, bytes, seconds by XLA's roofline) and what the one model counts ("model"),
+    per family; kernels the model does not cover keep their own estimates."""
+    tot = {w: {"flops": 0.0, "bytes": 0.0, "seconds": 0.0} for w in ("self", "model")}
+    fams, unmodeled = {}, {}
+    for c in calls:
+        n = c.get("count", 1)
+        ce = c.get("cost_estimate") or {}
+        sf, sb = ce.get("flops", 0.0), ce.get("bytes_accessed", 0.0)
+        mod = call_model(c, causal)
+        if mod is None:
+            unmodeled[c["kernel"]] = unmodeled.get(c["kernel"], 0) + n
+            mf, mb, fam = sf, sb, "other"
+        else:
+            mf, mb, fam = mod["flops"], mod["bytes"], mod["family"]
+        for w, f_, b_ in (("self", sf, sb), ("model", mf, mb)):
+            sec = _call_seconds(f_, b_, chip)
+            for tgt in (tot[w], fams.setdefault(fam, {}).setdefault(w, {"flops": 0.0, "bytes": 0.0, "seconds": 0.0})):
+                tgt["flops"] += n * f_
+                tgt["bytes"] += n * b_
+                tgt["seconds"] += n * sec
+    return {**tot, "families": fams, "unmodeled": unmodeled}
+
+
+def one_model_figures(comp: dict, chip: str) -> dict | None:
+    """A compile's figures under the one cost model: the compiler's optimal_seconds with each
+    Mosaic call's self-reported time replaced by the model's (XLA's roofline of each)."""
+    if comp.get("status") != "ok" or "mosaic_calls" not in comp:
+        return None
+    mm = mosaic_model(comp["mosaic_calls"], chip)
+    c = comp["cost"]
+    return {"optimal_seconds": c["optimal_seconds"] - mm["self"]["seconds"] + mm["model"]["seconds"],
+            "flops": c["flops"] - mm["self"]["flops"] + mm["model"]["flops"],
+            "bytes_accessed": c["bytes_accessed"] - mm["self"]["bytes"] + mm["model"]["bytes"],
+            "kernel_seconds_self": mm["self"]["seconds"], "kernel_seconds_model": mm["model"]["seconds"],
+            "kernel_flops_model": mm["model"]["flops"], "kernel_bytes_model": mm["model"]["bytes"],
+            "attention_seconds_model": mm["families"].get("attention", {}).get("model", {}).get("seconds", 0.0),
+            "experts_seconds_model": mm["families"].get("experts", {}).get("model", {}).get("seconds", 0.0),
+            "unmodeled_kernels": len(mm["unmodeled"])}
+
+
+def xla_roofline(topology: str) -> dict:
+    """How XLA's cost analysis times a Mosaic call: optimal_seconds of programs of one (and two)
+    copy-kernel Pallas calls on one chip, handed estimates of F FLOPs and B bytes. Gives the rates
+    behind XLA_ROOFLINE, that the time is max(F / rate, B / bandwidth), that calls add up, and what
+    a call without an estimate counts."""
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+    from jax.sharding import NamedSharding, PartitionSpec
+    from c2jax.parallel import compile_check as cc
+    dev = cc.topology_devices(topology)[0]
+    s = NamedSharding(jax.sharding.Mesh([dev], ("x",)), PartitionSpec())
+
+    def kern(x_ref, o_ref):
+        o_ref[...] = x_ref[...] * 2
+
+    def program(ce, calls=1, shape=(256, 256)):
+        def f(x):
+            for _ in range(calls):
+                x = pl.pallas_call(kern, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), cost_estimate=ce)(x)
+            return x
+        c = _cost(jax.jit(f, in_shardings=s, out_shardings=s).lower(jax.ShapeDtypeStruct(shape, jnp.float32)).compile())
+        return c["optimal_seconds"]
+
+    est = lambda f, b: pl.CostEstimate(flops=int(f), transcendentals=0, bytes_accessed=int(b))
+    rows = []
+    for f, b, calls in ((1e12, 0, 1), (0, 1e10, 1), (1e12, 1e10, 1), (2e12, 1e10, 1), (1e12, 1e11, 1),
+                        (1e12, 0, 2), (0, 1e10, 2)):
+        rows.append({"flops": f, "bytes": b, "calls": calls, "optimal_seconds": program(est(f, b), calls)})
+    no_est = {"shape": [8192, 8192], "dtype": "float32", "optimal_seconds": program(None, 1, (8192, 8192)),
+              "operand_plus_output_bytes": 2 * 8192 * 8192 * 4}
+    flops_rate = rows[0]["flops"] / rows[0]["optimal_seconds"]
+    bytes_rate = rows[1]["bytes"] / rows[1]["optimal_seconds"]
+    return {"topology": topology, "command": " ".join([".venv/bin/python", "experiments/bench/tpu_aot.py",
+                                                        "--xla-roofline", topology]),
+            "flops_per_s": flops_rate, "bytes_per_s": bytes_rate, "probes": rows, "call_without_estimate": no_est,
+            "max_rule_holds": all(abs(r["optimal_seconds"] - r["calls"] * max(r["flops"] / flops_rate,
+                                                                              r["bytes"] / bytes_rate))
+                                  <= 1e-3 * r["optimal_seconds"] for r in rows),
+            "jax": _version("jax"), "libtpu": _version("libtpu")}
+
+
 def uncounted_families(side: dict, hi_key: str) -> tuple[list, str]:
     hi = side.get("compiles", {}).get(hi_key, {})
     if "kernels_without_cost_estimate" in hi:
@@ -394,6 +596,13 @@ def summarize(side: dict, p: dict, n_full: int, peak: float, model_flops_per_chi
     if lo.get("status") == "ok" and hi.get("status") == "ok":
         side["per_layer"], side["whole"] = extrapolate(lo["cost"], hi["cost"], p["layers"][0], p["layers"][1], n_full)
         side["mfu_at_optimal_seconds"] = model_flops_per_chip / (side["whole"]["optimal_seconds"] * peak)
+        chip = p["topology"].split(":")[0].lower()
+        om_lo, om_hi = one_model_figures(lo, chip), one_model_figures(hi, chip)
+        if om_lo and om_hi:
+            per, whole = extrapolate(om_lo, om_hi, p["layers"][0], p["layers"][1], n_full)
+            side["one_model"] = {"per_layer": per, "whole": whole,
+                                 "mfu": model_flops_per_chip / (whole["optimal_seconds"] * peak),
+                                 "unmodeled_kernels": sorted(mosaic_model(hi["mosaic_calls"], chip)["unmodeled"])}
         mem_per, mem_whole = extrapolate(lo["memory"], hi["memory"], p["layers"][0], p["layers"][1], n_full)
         side["hbm_per_layer_unrolled"] = mem_per
         if kflops:
@@ -689,7 +898,17 @@ def main(argv=None) -> int:
     ap.add_argument("--resummarize", nargs="+", metavar="JSON",
                     help="recompute written reports' figures and tables from their compiles (no compiling)")
     ap.add_argument("--table", nargs="+", metavar="JSON", help="print one summary row per point and side")
+    ap.add_argument("--xla-roofline", metavar="TOPOLOGY",
+                    help="measure how XLA's cost analysis times a Mosaic call on this topology's chip (writes "
+                         "OUT_DIR/xla_roofline_CHIP.json)")
     args = ap.parse_args(argv)
+    if args.xla_roofline:
+        r = xla_roofline(args.xla_roofline)
+        path = os.path.join(args.out_dir, f"xla_roofline_{args.xla_roofline.split(':')[0]}.json")
+        with open(path, "w") as f:
+            json.dump(r, f, indent=1)
+        print(json.dumps(r, indent=1))
+        return 0
     if args.table:
         print(summary_table(args.table), end="")
         return 0

@@ -56,6 +56,97 @@ def kernels_without_cost_estimate(text: str) -> dict:
     return dict(sorted(names.items()))
 
 
+_SHAPE = re.compile(r"\b(pred|[a-z]+\d*(?:e\d+m\d+\w*)?)\[([\d,]*)\]")
+_MEMREF = re.compile(r"memref<([\dx]*?)x?([a-z]+\d*)(?:, #tpu\.memory_space<(\w+)>)?>")
+
+
+def _shapes(text: str) -> list[list]:
+    """[[dtype, [dims]], ...] of the HLO shapes in `text` (token types and the like skipped)."""
+    return [[m.group(1), [int(x) for x in m.group(2).split(",") if x]] for m in _SHAPE.finditer(text)]
+
+
+def _mosaic_body(body_b64: str) -> dict:
+    """Kernel name, grid and block shapes of a serialized Mosaic module (the `body` of a
+    tpu_custom_call's backend config): {"kernel", "grid", "scalar_prefetch", "scratch", "blocks":
+    [[memory space, dtype, [dims]] per kernel operand after the scalar-prefetch refs, inputs then
+    outputs then scratch]}; {} when it cannot be read."""
+    import base64
+    try:
+        from jax._src.lib.mlir import ir
+        ctx = ir.Context()
+        ctx.allow_unregistered_dialects = True
+        with ctx:
+            text = str(ir.Module.parse(base64.b64decode(body_b64)))
+    except Exception:  # noqa: BLE001 - an unreadable body leaves the call's tiling unknown
+        return {}
+    for line in text.splitlines():
+        gm = re.search(r"iteration_bounds = array<i64:? ?([-\d, ]*)>", line)   # < 0: a dynamic grid dim
+        if not gm or "function_type" not in line:
+            continue
+        grid = [int(x) for x in gm.group(1).split(",") if x.strip()]
+        name = re.search(r'sym_name = "([^"]+)"', line)
+        sp = re.search(r"scalar_prefetch = (\d+)", line)
+        sc = re.search(r"scratch_operands = (\d+)", line)
+        ft = re.search(r"function_type = \((.*?)\) -> ", line).group(1)
+        refs = [[m.group(3) or "any", m.group(2), [int(x) for x in m.group(1).split("x") if x]]
+                for m in _MEMREF.finditer(ft)]
+        n_sp = int(sp.group(1)) if sp else 0
+        return {"kernel": name.group(1) if name else "?", "grid": grid, "scalar_prefetch": n_sp,
+                "scratch": int(sc.group(1)) if sc else 0, "blocks": refs[n_sp:]}
+    return {}
+
+
+def _braced(text: str, key: str) -> str:
+    """The text inside the balanced {...} that follows `key` in `text` ('' when absent)."""
+    i = text.find(key + "{")
+    if i < 0:
+        return ""
+    i += len(key) + 1
+    depth, j = 1, i
+    while j < len(text) and depth:
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        j += 1
+    return text[i:j - 1]
+
+
+def mosaic_calls(hlo_text: str) -> list[dict]:
+    """Every Mosaic kernel call (custom-call tpu_custom_call) in an optimized HLO module, grouped
+    by identical calls: {"kernel", "count", "operands" / "outputs": [[dtype, [dims]], ...] (all
+    operands, scalar-prefetch ones first), "grid", "scalar_prefetch", "blocks" (from the kernel's
+    body: the VMEM block of each windowed operand, in HBM ("any") the whole array), "cost_estimate"
+    (what the kernel's author handed XLA: {flops, bytes_accessed, transcendentals}, or None)}.
+    A call inside a loop body counts once (as XLA's cost analysis counts it)."""
+    out, bodies = {}, {}
+    # one instruction per chunk: an attribute (frontend_attributes' kernel_metadata) may span lines
+    for line in re.split(r"\n(?=\s*(?:ROOT )?%)", hlo_text):
+        if 'custom_call_target="tpu_custom_call"' not in line:
+            continue
+        head, _, rest = line.partition(" custom-call(")
+        outputs = _shapes(head.split("=", 1)[1] if "=" in head else head)
+        operands = _shapes(_braced(rest, "operand_layout_constraints="))
+        try:
+            cfg, _ = json.JSONDecoder().raw_decode(rest[rest.index("backend_config=") + len("backend_config="):])
+        except (ValueError, json.JSONDecodeError):
+            cfg = {}
+        ccc = cfg.get("custom_call_config", {})
+        body = ccc.get("body", "")
+        if body not in bodies:
+            bodies[body] = _mosaic_body(body) if body else {}
+        info = bodies[body]
+        ce = ccc.get("cost_estimate")
+        ce = {k: float(ce.get(k, 0)) for k in ("flops", "bytes_accessed", "transcendentals")} if ce else None
+        call = {"kernel": info.get("kernel", "?"), "operands": operands, "outputs": outputs,
+                "grid": info.get("grid"), "scalar_prefetch": info.get("scalar_prefetch", 0),
+                "scratch": info.get("scratch", 0),
+                "blocks": info.get("blocks"), "cost_estimate": ce}
+        key = json.dumps(call, sort_keys=True)
+        if key in out:
+            out[key]["count"] += 1
+        else:
+            out[key] = dict(call, count=1)
+    return sorted(out.values(), key=lambda c: (c["kernel"], -c["count"]))
+
+
 def memory(compiled) -> dict:
     ma = compiled.memory_analysis()
     args, out, alias, temp = (ma.argument_size_in_bytes, ma.output_size_in_bytes, ma.alias_size_in_bytes,
@@ -88,6 +179,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="JSON report path")
     ap.add_argument("--keep-text", default="", help="also write the lowered StableHLO text here")
+    ap.add_argument("--keep-hlo", default="", help="also write the optimized HLO text here")
+    ap.add_argument("--no-calls", action="store_true",
+                    help="skip recording the Mosaic calls of the optimized HLO (shapes, tiling, cost estimates)")
     ap.add_argument("overrides", nargs="*", help="MaxText key=value overrides (after --)")
     args = ap.parse_args(argv)
 
@@ -126,6 +220,14 @@ def main(argv=None) -> int:
             seen["compile_s"] = round(time.time() - t0, 1)
         seen["memory"] = memory(compiled)
         seen["cost"] = cost(compiled)
+        if not args.no_calls or args.keep_hlo:
+            hlo = compiled.as_text()
+            if not args.no_calls:
+                seen["mosaic_calls"] = mosaic_calls(hlo)
+            if args.keep_hlo:
+                with open(args.keep_hlo, "w") as f:
+                    f.write(hlo)
+            del hlo
         return compiled
 
     assert original is not None

@@ -291,7 +291,7 @@ def flash_fwd_tpu(q_BHLD, k_BKSD, v_BKSE, q_seg_BL, kv_seg_BS=None, q_pos_BL=Non
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
             vmem_limit_bytes=VMEM_LIMIT_BYTES),
         cost_estimate=flash_cost("fwd", b, h, kh, lq, lk, d, e, causal=causal, by_position=has_pos,
-                                 dtype=q_BHLD.dtype),
+                                 dtype=q_BHLD.dtype, bq=bq, bk=bk),
         interpret=interpret,
     )(*operands)
     return out[:, :, :lq], lse
@@ -379,7 +379,7 @@ def flash_bwd_tpu(q_BHLD, k_BKSD, v_BKSE, q_seg_BL, out_BHLE, lse_BH1L, do_BHLE,
     has_pos = lay.qp is not None
     cp = lambda sem: pltpu.CompilerParams(dimension_semantics=sem, vmem_limit_bytes=VMEM_LIMIT_BYTES)
     cost = functools.partial(flash_cost, b=b, h=h, kh=kh, lq=lq, lk=lk, d=d, e=e, causal=causal, by_position=has_pos,
-                             dtype=q_BHLD.dtype)
+                             dtype=q_BHLD.dtype, bq=bq, bk=bk)
     args = [q, k, v, do, lse, delta, lay.qs, lay.ks] + ([lay.qp, lay.kp] if has_pos else [])
 
     # dK, dV: grid (b, kv head, key block, group member, query block), query blocks innermost

@@ -112,7 +112,7 @@ def gmm_tpu(lhs_MK, rhs_GKN, group_sizes_G, *, preferred_element_type=jnp.float3
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "arbitrary", "arbitrary"),
             vmem_limit_bytes=VMEM_LIMIT_BYTES),
-        cost_estimate=gmm_cost(m, k, n, g, lhs_MK.dtype, rhs_GKN.dtype, preferred_element_type),
+        cost_estimate=gmm_cost(m, k, n, g, lhs_MK.dtype, rhs_GKN.dtype, preferred_element_type, tiling=(tm, tk, tn)),
         interpret=interpret,
     )(vis.gid_V, vis.mtile_V, vis.first_V, vis.starts_G1, vis.ends_G1, lhs, rhs)
     return out[:m, :n]
@@ -173,7 +173,7 @@ def tgmm_tpu(lhs_MK, dy_MN, group_sizes_G, *, preferred_element_type=jnp.float32
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             vmem_limit_bytes=VMEM_LIMIT_BYTES),
-        cost_estimate=tgmm_cost(m, k, n, g, lhs_MK.dtype, dy_MN.dtype, preferred_element_type),
+        cost_estimate=tgmm_cost(m, k, n, g, lhs_MK.dtype, dy_MN.dtype, preferred_element_type, tiling=(tm, tk, tn)),
         input_output_aliases={7: 0},
         interpret=interpret,
     )(vis.gid_V, vis.mtile_V, vis.first_V, vis.starts_G1, vis.ends_G1, lhs, dy,
@@ -252,7 +252,8 @@ def gmm_quantized_tpu(lhs_vals_MK, lhs_scales_KBM, rhs_vals_GKN, rhs_scales_GKBN
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "arbitrary", "arbitrary"),
             vmem_limit_bytes=VMEM_LIMIT_BYTES),
-        cost_estimate=gmm_cost(m, k, n, g, lhs_vals_MK.dtype, rhs_vals_GKN.dtype, preferred_element_type),
+        cost_estimate=gmm_cost(m, k, n, g, lhs_vals_MK.dtype, rhs_vals_GKN.dtype, preferred_element_type,
+                               tiling=(tm, tk, tn)),
         interpret=interpret,
     )(vis.gid_V, vis.mtile_V, vis.first_V, vis.starts_G1, vis.ends_G1, lhs, ls, rhs, rs)
     return out[:m, :n]
@@ -326,7 +327,8 @@ def tgmm_mxfp8_tpu(lhs_vals_MK, lhs_scales_MBK, dy_vals_MN, dy_scales_MBN, group
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             vmem_limit_bytes=VMEM_LIMIT_BYTES),
-        cost_estimate=tgmm_cost(m, k, n, g, lhs_vals_MK.dtype, dy_vals_MN.dtype, preferred_element_type),
+        cost_estimate=tgmm_cost(m, k, n, g, lhs_vals_MK.dtype, dy_vals_MN.dtype, preferred_element_type,
+                                tiling=(tm, tk, tn)),
         input_output_aliases={9: 0},
         interpret=interpret,
     )(vis.gid_V, vis.mtile_V, vis.first_V, vis.starts_G1, vis.ends_G1, lhs, ls, dy, ds,

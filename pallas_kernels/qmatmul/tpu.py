@@ -127,7 +127,8 @@ def qmatmul_tpu(x_MK, w: QuantizedWeight, mode: str, *, preferred_element_type=j
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             vmem_limit_bytes=VMEM_LIMIT_BYTES),
-        cost_estimate=gmm_cost(m, k, n, 1, args[0].dtype, w.values_KN.dtype, preferred_element_type),
+        cost_estimate=gmm_cost(m, k, n, 1, args[0].dtype, w.values_KN.dtype, preferred_element_type,
+                               tiling=(tm, tk, tn)),
         interpret=interpret,
     )(*args)
     return out[:m, :n]
