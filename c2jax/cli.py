@@ -60,9 +60,15 @@ def _eval(cfg, workdir) -> int:
             from c2jax.config import ConfigError
             raise ConfigError("eval.policy='model' needs --config.eval.model_run=RUN_DIR (a trained run)")
         run_cfg = load_run_config(cfg.eval.model_run)
+        if cfg.eval.speculative not in ("auto", "mtp", "none") or (
+                cfg.eval.speculative == "mtp" and not run_cfg.model.num_mtp_layers):
+            from c2jax.config import ConfigError
+            raise ConfigError(f"eval.speculative={cfg.eval.speculative!r}: use 'auto', 'none', or 'mtp' for a model "
+                              f"with MTP heads (this run's model.num_mtp_layers={run_cfg.model.num_mtp_layers})")
         tokenizer = Tokenizer.load(cfg.eval.model_run)
         factory, _ = model_policy_factory(run_cfg, load_run_params(cfg.eval.model_run, run_cfg), tokenizer,
-                                          temperature=cfg.eval.temperature, seed=cfg.seed)
+                                          temperature=cfg.eval.temperature, seed=cfg.seed,
+                                          speculative=cfg.eval.speculative)
     report = main_eval(cfg, workdir, policy_factory=factory, tokenizer=tokenizer)
     print(render_markdown(report))
     return 0

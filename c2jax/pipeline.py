@@ -86,10 +86,11 @@ def write_oracle_transcripts(tokenizer, out_path: str, suites=("synthetic:1",), 
 
 
 def model_policy_factory(cfg, params, tokenizer, *, max_len: int = 2048, temperature: float = 1.0,
-                         seed: int = 0, max_batch: int = 4):
-    """A policy factory over one shared jitted sampler (token-in/token-out harness adapter)."""
+                         seed: int = 0, max_batch: int = 4, speculative: str = "auto"):
+    """A policy factory over one shared jitted sampler (token-in/token-out harness adapter);
+    speculative: see Sampler."""
     from c2jax.sampling import HarnessSampler, Sampler
-    sampler = Sampler(cfg, params, max_batch=max_batch, max_len=max_len)
+    sampler = Sampler(cfg, params, max_batch=max_batch, max_len=max_len, speculative=speculative)
     stops = [tokenizer.token_id(cf.st.END_TURN), tokenizer.eos_id]
     harness = HarnessSampler(sampler, temperature=temperature, stop_token_ids=stops, seed=seed)
     return (lambda task: SamplerPolicy(harness)), harness

@@ -20,4 +20,5 @@ def get_config(arg=None):
     if size not in SIZES:
         raise ValueError(f"configs/ablation.py: unknown size {size!r}; choose one of {sorted(SIZES)}")
     return merge_into_defaults({"model.name": f"ablation_{size}", "model.max_position_embeddings": 4096,
+                                "model.num_mtp_layers": 1,   # one MTP head, as the report's model
                                 **SIZES[size]}, default_config())

@@ -12,6 +12,9 @@ def get_config(arg=None):
         "model.num_experts": 8, "model.num_experts_per_tok": 2, "model.num_heads": 4,
         "model.num_kv_heads": 2, "model.head_dim": 32, "model.max_position_embeddings": 2048,
         "model.init_std": 0.02,
+        # one MTP head, as the report's model has: self-distilled in CPT, SFT and RL, drafting
+        # tokens for speculative decoding in rollouts and evaluation
+        "model.num_mtp_layers": 1,
         # A few CPU minutes of CPT on the stdlib corpus.
         "data.vocab_size": 1024, "data.tokenizer_sample_mb": 4.0, "data.codebase_max_tokens": 8192,
         "train.steps": 150, "train.batch_size": 8, "train.seq_len": 256, "train.lr": 3e-3,

@@ -17,6 +17,9 @@ ENVS = ("harness", "toy")
 SUMMARY_METHODS = ("none", "self", "prompt", "truncate")  # c2jax.agent.summarize.METHODS
 
 
+SPECULATIVE = ("auto", "mtp", "none")
+
+
 def rl_defaults() -> ml_collections.ConfigDict:
     """Every RL field with its default; values the report does not state say so."""
     c = default_rl_loss_config()
@@ -56,6 +59,10 @@ def rl_defaults() -> ml_collections.ConfigDict:
     # axes, experts over the expert axes, by mesh.rules; the learner takes mesh.shape over the
     # devices before it (c2jax.rl.roles)
     c.sampler_mesh_shape = ()
+    # MTP speculative decoding in rollouts: "auto" (on where the model has MTP heads and the
+    # sampler runs the scanned model: accelerators, meshes; see Sampler), "mtp", "none". Exact:
+    # tokens, logprobs and expert ids are the target model's either way
+    c.speculative = "auto"
     # --- self-summarization (harness env; c2jax.agent.summarize, c2jax.rl.chains) ---
     c.summary_method = "none"  # "none" (full context) | "self" | "prompt" (compaction call) | "truncate"
     c.summary_trigger_tokens = 512  # compact when the current segment holds this many tokens
@@ -138,6 +145,10 @@ def validate_rl(r, model=None) -> None:
     if tuple(r.sampler_mesh_shape) and int(r.sampler_decode_devices) != 1:
         raise ConfigError("rl.sampler_mesh_shape and rl.sampler_decode_devices > 1 are two layouts of the sampler; "
                           "set one of them")
+    if r.speculative not in SPECULATIVE:
+        raise ConfigError(f"rl.speculative must be one of {SPECULATIVE}, got {r.speculative!r}")
+    if r.speculative == "mtp" and model is not None and not int(model.num_mtp_layers):
+        raise ConfigError("rl.speculative='mtp' needs a model with MTP heads (model.num_mtp_layers >= 1)")
     if r.toy_latency_s < 0 or r.toy_latency_sigma < 0:
         raise ConfigError("rl.toy_latency_s and rl.toy_latency_sigma must be >= 0")
     if r.replay_threshold < 0:

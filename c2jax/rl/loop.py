@@ -79,7 +79,7 @@ class LocalRuntime:
         self.start_step, self.consumed, self.dropped = h.start_step, h.consumed, h.dropped
         self.service = SamplerService(sampler_cfg(h.learner.cfg), h.sampler_params(), h.start_step, r.sampler_slots,
                                       self.env.max_len(), r.sampler_chunk, r.sampler_decode_devices,
-                                      mesh=roles.sampler_mesh)
+                                      mesh=roles.sampler_mesh, speculative=r.speculative)
         if r.log_delta:
             h.publish(h.start_step)
 
@@ -176,6 +176,7 @@ def _run_rl(cfg, workdir: str, hooks: dict) -> dict:
         orch.start()
         idle0, busy0 = service.counters()
         gen0 = service.generated_tokens
+        spec0 = (getattr(service, "spec_drafted", 0), getattr(service, "spec_accepted", 0))
         t_last = time.monotonic()
         while step < r.steps:
             t_wait = time.monotonic()
@@ -219,6 +220,10 @@ def _run_rl(cfg, workdir: str, hooks: dict) -> dict:
             m["learner_tokens_per_s"] = m["batch_tokens"] / max(learn_s, 1e-9)
             m["learner_wait_s"], m["learner_step_s"] = wait_s, learn_s
             idle0, busy0, gen0, t_last = idle1, busy1, gen1, now
+            if getattr(service, "spec_drafted", 0):   # speculative rollouts: the MTP drafts' acceptance
+                dr1, ac1 = service.spec_drafted, service.spec_accepted
+                m["spec_acceptance"] = (ac1 - spec0[1]) / max(dr1 - spec0[0], 1)
+                spec0 = (dr1, ac1)
             m["reward"] = float(rewards.mean())
             m["pass_rate"] = float(np.mean([p for g in keep for p in g.passed]))
             terms = {}

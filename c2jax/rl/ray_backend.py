@@ -198,7 +198,8 @@ class SamplerActor:
         self.roles = process_roles(cfg, "sampler")   # rl.sampler_mesh_shape over this actor's devices
         self.shardings = sampler_shardings(cfg, self.roles)
         self.service = SamplerService(sampler_cfg(cfg), self._params(), version, max_batch, max_len, chunk,
-                                      decode_devices, mesh=self.roles.sampler_mesh)
+                                      decode_devices, mesh=self.roles.sampler_mesh,
+                                      speculative=cfg.rl.speculative)
 
     def _params(self):
         """The published host arrays on this sampler's devices (its mesh's shardings)."""

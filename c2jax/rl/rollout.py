@@ -48,9 +48,9 @@ class SamplerService:
     restarts a fresh engine on the latest weights."""
 
     def __init__(self, cfg, params, version: int, max_batch: int, max_len: int, chunk: int = 16,
-                 decode_devices: int = 1, mesh=None):
+                 decode_devices: int = 1, mesh=None, speculative: str = "none"):
         self.cfg, self.max_batch, self.max_len, self.chunk = cfg, max_batch, max_len, chunk
-        self.decode_devices, self.mesh = decode_devices, mesh
+        self.decode_devices, self.mesh, self.speculative = decode_devices, mesh, speculative
         self.params, self.version = params, int(version)
         self.sampler = self._make()
         self.inbox: queue.Queue = queue.Queue()
@@ -59,6 +59,7 @@ class SamplerService:
         self.busy_s = 0.0
         self.restarts = 0
         self.generated_tokens = 0
+        self.spec_drafted = self.spec_accepted = 0   # MTP drafts proposed / accepted (speculative decoding)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._kill = threading.Event()
@@ -67,7 +68,8 @@ class SamplerService:
 
     def _make(self):
         return Sampler(self.cfg, self.params, max_batch=self.max_batch, max_len=self.max_len, chunk=self.chunk,
-                       version=self.version, decode_devices=self.decode_devices, mesh=self.mesh)
+                       version=self.version, decode_devices=self.decode_devices, mesh=self.mesh,
+                       speculative=self.speculative)
 
     @property
     def S(self) -> int:
@@ -154,9 +156,11 @@ class SamplerService:
                     item = None
             if s.pending():
                 t0 = time.monotonic()
-                g0 = s.generated_tokens
+                g0, d0, a0 = s.generated_tokens, s.spec_drafted, s.spec_accepted
                 s.step_chunk()
                 self.generated_tokens += s.generated_tokens - g0
+                self.spec_drafted += s.spec_drafted - d0
+                self.spec_accepted += s.spec_accepted - a0
                 self.busy_s += time.monotonic() - t0
                 for rid in [r for r in self.futs if s.done(r)]:
                     self.futs.pop(rid).set_result(s.results(rid))

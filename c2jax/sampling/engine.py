@@ -277,6 +277,19 @@ class MeshLayout:
         return jax.tree.map(lambda x: NamedSharding(self.mesh, PartitionSpec(self.batch_spec)), state)
 
 
+def auto_speculative(model_cfg, split_decode, mesh, decode_devices: int) -> str:
+    """speculative="auto": "mtp" where the model has MTP heads and decode runs the scanned model
+    (a mesh, an accelerator, split_decode=False), else "none". On CPU the split decode step
+    (c2jax.sampling.unrolled) is the faster plain path and speculation cannot use it; the
+    trade-off is measured by experiments/bench/speculative.py."""
+    if not int(model_cfg.num_mtp_layers) or decode_devices != 1 or split_decode:
+        return "none"
+    if split_decode is None and mesh is None and jax.default_backend() == "cpu" \
+            and unrolled.supported(model_cfg) is None:
+        return "none"
+    return "mtp"
+
+
 class Sampler:
     """Reusable jitted sampler over `max_batch` cache slots of `max_len` positions.
 
@@ -289,7 +302,7 @@ class Sampler:
     Options: chunk (decode steps per on-device loop between host checks), exact_moe (no
     token dropping: rows cannot influence each other), cache_dtype,
     speculative ("none" | "mtp": the MTP heads draft model.num_mtp_layers tokens per step, one
-    main-model forward verifies them; c2jax.sampling.speculative). Quantized weights: set
+    main-model forward verifies them; c2jax.sampling.speculative | "auto": auto_speculative). Quantized weights: set
     cfg.model.quant (int8/mxfp8/nvfp4); quant_scope picks what is stored pre-quantized, once
     per weight version (c2jax.sampling.quantized): "experts" (default; bit-identical to the
     model's on-the-fly quantized experts), "all" (also dense projections, weight-only) or
@@ -315,8 +328,8 @@ class Sampler:
                  version: int = 0, exact_moe: bool = True, cache_dtype=None,
                  speculative: str = "none", quant_scope: str = "experts", split_decode: bool | None = None,
                  decode_devices: int = 1, mesh=None):
-        if speculative not in ("none", "mtp"):
-            raise ValueError(f"speculative must be 'none' or 'mtp', got {speculative!r}")
+        if speculative not in ("none", "mtp", "auto"):
+            raise ValueError(f"speculative must be 'none', 'mtp' or 'auto', got {speculative!r}")
         if quant_scope not in ("none", "experts", "all"):
             raise ValueError(f"quant_scope must be 'none', 'experts' or 'all', got {quant_scope!r}")
         if max_batch < 1 or max_len < 2:
@@ -330,6 +343,8 @@ class Sampler:
             if decode_devices != 1:
                 raise ValueError("a Sampler on a mesh lays decode out by the mesh; decode_devices must be 1")
             split_decode = False
+        if speculative == "auto":
+            speculative = auto_speculative(self.model_cfg, split_decode, mesh, decode_devices)
         why_not = unrolled.supported(self.model_cfg) or ("speculative decoding" if speculative != "none" else None)
         if split_decode is None:
             split_decode = why_not is None and jax.default_backend() == "cpu"

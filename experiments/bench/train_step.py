@@ -48,7 +48,7 @@ PEER_PARAMS = 88_661_248  # experiments/reference/README.md
 
 # Bench-only overrides of configs/ablation.py:l so it is exactly the peer's model.
 OVERRIDES = {
-    "model.first_k_dense": 0, "model.tie_embeddings": False, "model.qk_norm": True, "model.router": "softmax",
+    "model.num_mtp_layers": 0, "model.first_k_dense": 0, "model.tie_embeddings": False, "model.qk_norm": True, "model.router": "softmax",
     "model.norm_topk_prob": True, "model.num_shared_experts": 0, "model.rope_theta": 10000.0,
     "model.rms_norm_eps": 1e-6, "model.load_balance_loss_weight": 0.0, "model.router_z_loss_weight": 0.0,
     "model.dtype": "float32", "model.param_dtype": "float32", "model.remat": "none",

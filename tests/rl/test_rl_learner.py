@@ -23,21 +23,27 @@ def setup(temperature=1.0):
     return cfg, params
 
 
-def rollouts(cfg, params, n=6):
+def rollouts(cfg, params, n=6, speculative="none"):
     env = ToyEnv(cfg.rl, cfg.model.vocab_size)
     tasks = env.load_tasks("toy", "train", 3, 0)
-    svc = SamplerService(learner_cfg(cfg), params, 0, cfg.rl.sampler_slots, env.max_len(), cfg.rl.sampler_chunk)
+    svc = SamplerService(learner_cfg(cfg), params, 0, cfg.rl.sampler_slots, env.max_len(), cfg.rl.sampler_chunk,
+                         speculative=speculative)
     try:
         out = [env.episode(tasks[i % 3], svc, f"t/{i}", 0, cfg.rl.temperature)[0] for i in range(n)]
+        if speculative == "mtp":
+            assert svc.spec_drafted > 0 and svc.sampler.speculative == "mtp"
     finally:
         svc.stop()
     return out
 
 
-@pytest.mark.parametrize("temperature", [0.7])  # 1.0 is checked by the orchestrator runs
-def test_step0_logprobs_ratio_and_kl(temperature):
+# 1.0 is checked by the orchestrator runs; "mtp": rollouts drafted by the MTP head and verified
+# (speculative decoding) hand the learner the same logprobs and expert ids as plain decoding's
+@pytest.mark.parametrize("temperature,speculative", [(0.7, "none"), (0.7, "mtp")])
+def test_step0_logprobs_ratio_and_kl(temperature, speculative):
     cfg, params = setup(temperature)
-    trajs = rollouts(cfg, params)
+    assert cfg.model.num_mtp_layers >= 1
+    trajs = rollouts(cfg, params, speculative=speculative)
     learner = Learner(cfg, params)
     adv = np.linspace(-1, 1, len(trajs)).astype(np.float32)
     m = learner.step(trajs, adv)

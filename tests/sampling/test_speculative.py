@@ -148,3 +148,31 @@ def test_bad_options():
     plain_cfg = make_cfg(depth=0)
     with pytest.raises(ValueError, match="num_mtp_layers"):
         Sampler(plain_cfg, c2jax.models.init_params(plain_cfg, jax.random.key(0)), speculative="mtp", **KW)
+
+
+def test_speculative_sampler_distribution_equals_the_model_at_temperature_1():
+    """End to end through the Sampler: two sampled tokens after a prompt, drafted by two random
+    MTP heads (some drafts accepted, some rejected), against the model's exact joint
+    distribution over all V^2 continuations (chi-square); the plain sampler the same way."""
+    from scipy import stats
+    cfg = make_cfg(depth=2)
+    cfg.model.vocab_size, cfg.model.init_std = 8, 0.6
+    params = c2jax.models.init_params(cfg, jax.random.key(7))
+    V, prompt, n = 8, [1, 5, 2], 2400
+    seqs = jnp.asarray([[*prompt, a, b] for a in range(V) for b in range(V)], jnp.int32)
+    lp = jax.nn.log_softmax(c2jax.models.forward(cfg, params, seqs), -1)
+    p_exact = np.exp(np.asarray(lp[:, 2, :][jnp.arange(V * V), seqs[:, 3]] + lp[:, 3, :][jnp.arange(V * V), seqs[:, 4]]))
+    assert abs(p_exact.sum() - 1) < 1e-4
+    p_exact = p_exact.astype(np.float64) / p_exact.sum(dtype=np.float64)
+    for mode in ("mtp", "none"):
+        out = generate(cfg, params, [prompt], max_new_tokens=2, n=n, temperature=1.0, seed=11, speculative=mode,
+                       max_batch=16, max_len=8, chunk=4)
+        if mode == "mtp":
+            acc = out.stats["spec_accepted"] / out.stats["spec_drafted"]
+            assert 0.05 < acc < 0.95, acc       # both the accept and the reject/residual paths ran
+        counts = np.bincount([a * V + b for a, b in out.tokens[0]], minlength=V * V)
+        keep = p_exact * n >= 5                    # pool the cells expected below 5 (chi-square validity)
+        obs = np.append(counts[keep], counts[~keep].sum())
+        exp = np.append(p_exact[keep], p_exact[~keep].sum()) * n
+        p_value = stats.chisquare(obs, exp).pvalue
+        assert p_value > 1e-3, (mode, p_value)
