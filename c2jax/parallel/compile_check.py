@@ -190,8 +190,9 @@ def state_breakdown(state) -> dict:
     """Per-chip GiB of the train state's parts: params, optimizer state, and the gradients the
     step holds (one per param, in the param dtype, sharded like it; they live in temp)."""
     params = _per_chip_bytes(state["params"])
+    mtp = _per_chip_bytes({k: v for k, v in state["params"].items() if k.startswith("mtp_")})
     return {"params_gib": params / GiB, "optimizer_gib": _per_chip_bytes(state["opt_state"]) / GiB,
-            "grads_gib": params / GiB}
+            "grads_gib": params / GiB, "mtp_params_gib": mtp / GiB}
 
 
 def compile_train_step(cfg, mesh, state=None):
@@ -592,8 +593,8 @@ def format_report(r: dict) -> str:
                        f"donated) + grads {s['grads_gib']:.2f} + activations/workspace {s['activations_gib']:.2f} "
                        f"(temp) GiB")
         if s.get("mtp_params_gib"):
-            out.append(f"      the MTP heads' params: {_size(s['mtp_params_gib'])} per chip (and as much again in "
-                       f"grads, twice in optimizer state)")
+            out.append(f"      of which the MTP heads' params: {_size(s['mtp_params_gib'])} per chip (their grads "
+                       f"and optimizer state in proportion)")
         if "weights_gib" in s:
             out.append(f"      the sampler's weights: {s['weights_gib']:.2f} GiB per chip")
         if "kernels" in s:
