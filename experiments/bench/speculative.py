@@ -4,6 +4,7 @@ decoding) and pre-quantized weights (storage bytes, tokens/s vs quantizing every
     JAX_PLATFORMS=cpu python experiments/bench/speculative.py                 # tiny, batch 1 and 8
     JAX_PLATFORMS=cpu python experiments/bench/speculative.py --batches 8 --new-tokens 128 --json out.json
     JAX_PLATFORMS=cpu python experiments/bench/speculative.py --model 100m --only mtp --depths 1 --batches 8
+    JAX_PLATFORMS=cpu python experiments/bench/speculative.py --run runs/demo/sft --batches 1,8 --json out.json
 
 All runs greedy, float32, random prompts of `prompt_len` tokens, `new_tokens` new tokens, the
 whole decode in as few chunks as the sampler allows; decode tok/s = batch * new_tokens / decode
@@ -45,16 +46,18 @@ def make_cfg(depth: int, quant: str = "none", model: str = "tiny"):
     return cfg
 
 
-def run(cfg, params, batch, prompt_len, new_tokens, repeats, **opts):
-    """(timings of the fastest run, tokens of every run) for one sampler configuration."""
+def run(cfg, params, batch, prompt_len, new_tokens, repeats, prompts=None, temperature=0.0, **opts):
+    """(timings of the fastest run, tokens of every run) for one sampler configuration; prompts:
+    an iterator of token lists (default: random tokens)."""
     max_len = -(-(prompt_len + new_tokens + 8) // 16) * 16
     s = Sampler(cfg, params, max_batch=batch, max_len=max_len, chunk=new_tokens, **opts)
     rng = np.random.default_rng(0)
 
     def once():
-        prompts = rng.integers(0, cfg.model.vocab_size, (batch, prompt_len))
-        rids = [s.submit(Request(p.tolist(), max_new_tokens=new_tokens, temperature=0.0, reuse_prefix=False))
-                for p in prompts]
+        rows = ([list(next(prompts)) for _ in range(batch)] if prompts is not None
+                else rng.integers(0, cfg.model.vocab_size, (batch, prompt_len)).tolist())
+        rids = [s.submit(Request(p, max_new_tokens=new_tokens, temperature=temperature, seed=i, reuse_prefix=False))
+                for i, p in enumerate(rows)]
         s._admit()
         jax.block_until_ready(s.state.cur)
         d0, a0, st0 = s.spec_drafted, s.spec_accepted, s.decode_steps
@@ -96,6 +99,67 @@ def bench_speculative(args, rows):
                       f"acceptance {spec['acceptance']:.2f}", flush=True)
 
 
+def heldout_prompts(cfg, run_dir: str, n: int, prompt_len: int) -> list[list[int]]:
+    """n prompts of prompt_len tokens from the run's held-out corpus documents (its tokenizer)."""
+    from c2jax.data.corpus import build_corpus
+    from c2jax.data.pipeline import corpus_spec_from_config
+    from c2jax.data.tokenizer import Tokenizer
+    tok = Tokenizer.load(run_dir)
+    out = []
+    for doc in build_corpus(corpus_spec_from_config(cfg.data)).heldout:
+        ids = tok.encode(doc.text)
+        for i in range(0, len(ids) - prompt_len, 4 * prompt_len):
+            out.append(ids[i:i + prompt_len])
+            if len(out) == n:
+                return out
+    if not out:
+        raise SystemExit(f"{run_dir}: no held-out document has {prompt_len} tokens")
+    return out
+
+
+def bench_trained(args, rows):
+    """A trained run's own MTP heads on held-out text: greedy acceptance, tokens/s of speculative
+    decoding against plain decoding (the CPU's split step and the scanned step speculation
+    verifies with), and the speedup acceptance predicts: (1 + accepted per step) / (spec step
+    cost / scanned step cost). Sampled (T = 1) acceptance from the same prompts."""
+    from c2jax.train.loop import load_run_config, load_run_params
+    cfg = load_run_config(args.run)
+    if not cfg.model.num_mtp_layers:
+        raise SystemExit(f"{args.run}: the model has no MTP heads (model.num_mtp_layers = 0)")
+    params = load_run_params(args.run, cfg)
+    d = int(cfg.model.num_mtp_layers)
+    for batch in args.batches:
+        prompts = heldout_prompts(cfg, args.run, batch * (1 + max(args.repeats, 1)), args.prompt_len)
+        feed = iter(prompts * 2)
+        plain, want = run(cfg, params, batch, args.prompt_len, args.new_tokens, args.repeats, prompts=feed)
+        feed = iter(prompts * 2)
+        scanned, _ = run(cfg, params, batch, args.prompt_len, args.new_tokens, args.repeats, prompts=feed,
+                         split_decode=False)
+        feed = iter(prompts * 2)
+        spec, got = run(cfg, params, batch, args.prompt_len, args.new_tokens, args.repeats, prompts=feed,
+                        speculative="mtp")
+        assert got == want, "speculative output differs from plain decoding"
+        feed = iter(prompts * 2)
+        sampled, _ = run(cfg, params, batch, args.prompt_len, args.new_tokens, args.repeats, prompts=feed,
+                         speculative="mtp", temperature=1.0)
+        step_cost = (spec["decode_s"] / spec["steps"]) / (scanned["decode_s"] / scanned["steps"])
+        per_step = args.new_tokens * batch / max(spec["steps"] * batch, 1)     # tokens emitted per row-step
+        predicted = (1 + spec["acceptance"] * d) / step_cost
+        row = {"bench": "mtp_trained", "run": os.path.relpath(os.path.abspath(args.run)), "model": cfg.model.name,
+               "depth": d, "batch": batch, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
+               "acceptance_greedy": spec["acceptance"], "acceptance_t1": sampled["acceptance"],
+               "plain_tok_s": plain["tok_s"], "plain_scanned_tok_s": scanned["tok_s"], "spec_tok_s": spec["tok_s"],
+               "speedup_vs_scanned": spec["tok_s"] / scanned["tok_s"], "speedup_vs_plain": spec["tok_s"] / plain["tok_s"],
+               "spec_step_cost_vs_scanned": step_cost, "predicted_speedup_vs_scanned": predicted,
+               "tokens_per_spec_step": per_step, "plain_steps": scanned["steps"], "spec_steps": spec["steps"]}
+        rows.append(row)
+        print(f"trained {cfg.model.name} d={d} batch {batch}: acceptance greedy {spec['acceptance']:.3f}, "
+              f"T=1 {sampled['acceptance']:.3f}; plain {plain['tok_s']:.1f} tok/s (scanned {scanned['tok_s']:.1f}), "
+              f"mtp {spec['tok_s']:.1f} tok/s: x{row['speedup_vs_scanned']:.2f} vs scanned (predicted "
+              f"x{predicted:.2f}: a spec step costs x{step_cost:.2f} a scanned step), x{row['speedup_vs_plain']:.2f} "
+              f"vs plain", flush=True)
+
+
 def bench_quantized(args, rows):
     for quant in args.quants:
         cfg = make_cfg(0, quant, model=args.model)
@@ -129,6 +193,8 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--only", choices=("mtp", "quant"), default=None)
     ap.add_argument("--json", default=None, help="also write all rows to this file")
+    ap.add_argument("--run", default=None, help="a trained run directory: benchmark its own MTP heads on "
+                    "held-out text (only this bench runs)")
     args = ap.parse_args()
     args.batches = [int(x) for x in args.batches.split(",")]
     args.depths = [int(x) for x in args.depths.split(",")]
@@ -136,9 +202,11 @@ def main() -> int:
     args.quants = [x for x in args.quants.split(",") if x]
     print(f"backend {jax.default_backend()}", flush=True)
     rows: list[dict] = []
-    if args.only in (None, "mtp"):
+    if args.run:
+        bench_trained(args, rows)
+    elif args.only in (None, "mtp"):
         bench_speculative(args, rows)
-    if args.only in (None, "quant"):
+    if args.only in (None, "quant") and not args.run:
         bench_quantized(args, rows)
     if args.json:
         with open(args.json, "w") as f:
