@@ -228,10 +228,12 @@ class SamplerActor:
             self.service.swap(self._params(), version)
             return True
 
-    def stats(self) -> tuple[float, float, int, int, int]:
-        """(idle_s, busy_s, generated tokens, engine restarts, pid) of this incarnation."""
+    def stats(self) -> tuple:
+        """(idle_s, busy_s, generated tokens, engine restarts, pid, MTP drafts proposed, accepted)
+        of this incarnation."""
         idle, busy = self.service.counters()
-        return idle, busy, self.service.generated_tokens, self.service.restarts, os.getpid()
+        return (idle, busy, self.service.generated_tokens, self.service.restarts, os.getpid(),
+                self.service.spec_drafted, self.service.spec_accepted)
 
     def version(self) -> int:
         return self.service.version
@@ -354,7 +356,7 @@ class RemoteSamplers:
         self.version = None
         self.actor_restarts = 0
         self._last: list = [None] * len(self.actors)
-        self._base = [(0.0, 0.0, 0, 0)] * len(self.actors)
+        self._base = [(0.0, 0.0, 0, 0, 0, 0)] * len(self.actors)
         self._lock = threading.Lock()
 
     def _stats(self) -> list[tuple]:
@@ -365,10 +367,10 @@ class RemoteSamplers:
             for i, st in enumerate(polled):
                 last = self._last[i]
                 if last is not None and st[4] != last[4]:
-                    self._base[i] = tuple(b + v for b, v in zip(self._base[i], last[:4]))
+                    self._base[i] = tuple(b + v for b, v in zip(self._base[i], last[:4] + last[5:]))
                     self.actor_restarts += 1
                 self._last[i] = st
-                out.append(tuple(b + v for b, v in zip(self._base[i], st[:4])))
+                out.append(tuple(b + v for b, v in zip(self._base[i], st[:4] + st[5:])))
         return out
 
     def counters(self) -> tuple[float, float]:
@@ -378,6 +380,14 @@ class RemoteSamplers:
     @property
     def generated_tokens(self) -> int:
         return sum(s[2] for s in self._stats())
+
+    @property
+    def spec_drafted(self) -> int:
+        return sum(s[4] for s in self._stats())
+
+    @property
+    def spec_accepted(self) -> int:
+        return sum(s[5] for s in self._stats())
 
     @property
     def restarts(self) -> int:

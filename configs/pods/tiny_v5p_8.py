@@ -23,6 +23,7 @@ def pod_rl(cfg, sampler_mesh, sampler_slots: int) -> None:
     cfg.rl.sampler_slots = sampler_slots
     cfg.rl.sync_dtype = "bfloat16"
     cfg.pod.compile_rl = True
+    cfg.model.num_mtp_layers = 1        # the report's RL learner distils an MTP head (under CP here)
 
 
 def get_config(arg=None):
