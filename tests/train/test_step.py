@@ -30,7 +30,10 @@ def _batch(B=4, L=16, V=128, seed=0):
 
 
 def test_grad_accumulation_matches_full_batch():
-    cfg1, cfg2 = _cfg(), _cfg("--config.train.grad_accum=2")
+    # without MTP heads: their distillation term, like the MoE auxiliary losses, is a mean of
+    # per-microbatch means (train.step.total_loss), not a pooled mean over the batch
+    cfg1 = _cfg("--config.model.num_mtp_layers=0")
+    cfg2 = _cfg("--config.model.num_mtp_layers=0", "--config.train.grad_accum=2")
     params = c2jax.models.init_params(cfg1, jax.random.key(0))
     opt = optax.sgd(1.0)  # params - grads: compares the accumulated gradients themselves
     batch = _batch()
