@@ -59,8 +59,8 @@ def rl_defaults() -> ml_collections.ConfigDict:
     # axes, experts over the expert axes, by mesh.rules; the learner takes mesh.shape over the
     # devices before it (c2jax.rl.roles)
     c.sampler_mesh_shape = ()
-    # MTP speculative decoding in rollouts: "auto" (on where the model has MTP heads and the
-    # sampler runs the scanned model: accelerators, meshes; see Sampler), "mtp", "none". Exact:
+    # MTP speculative decoding in rollouts: "auto" (on where the model has MTP heads and one
+    # device decodes with the scanned model, e.g. an accelerator; see Sampler), "mtp", "none". Exact:
     # tokens, logprobs and expert ids are the target model's either way
     c.speculative = "auto"
     # --- self-summarization (harness env; c2jax.agent.summarize, c2jax.rl.chains) ---
@@ -147,6 +147,9 @@ def validate_rl(r, model=None) -> None:
                           "set one of them")
     if r.speculative not in SPECULATIVE:
         raise ConfigError(f"rl.speculative must be one of {SPECULATIVE}, got {r.speculative!r}")
+    if r.speculative == "mtp" and tuple(r.sampler_mesh_shape):
+        raise ConfigError("rl.speculative='mtp' runs the sampler on one device; with rl.sampler_mesh_shape use "
+                          "'auto' or 'none'")
     if r.speculative == "mtp" and model is not None and not int(model.num_mtp_layers):
         raise ConfigError("rl.speculative='mtp' needs a model with MTP heads (model.num_mtp_layers >= 1)")
     if r.toy_latency_s < 0 or r.toy_latency_sigma < 0:

@@ -278,14 +278,13 @@ class MeshLayout:
 
 
 def auto_speculative(model_cfg, split_decode, mesh, decode_devices: int) -> str:
-    """speculative="auto": "mtp" where the model has MTP heads and decode runs the scanned model
-    (a mesh, an accelerator, split_decode=False), else "none". On CPU the split decode step
-    (c2jax.sampling.unrolled) is the faster plain path and speculation cannot use it; the
-    trade-off is measured by experiments/bench/speculative.py."""
-    if not int(model_cfg.num_mtp_layers) or decode_devices != 1 or split_decode:
+    """speculative="auto": "mtp" where the model has MTP heads and one device decodes with the
+    scanned model (an accelerator, split_decode=False), else "none". On CPU the split decode
+    step (c2jax.sampling.unrolled) is the faster plain path and speculation cannot use it (the
+    trade-off: experiments/bench/speculative.py); the speculative caches have no mesh layout yet."""
+    if not int(model_cfg.num_mtp_layers) or decode_devices != 1 or split_decode or mesh is not None:
         return "none"
-    if split_decode is None and mesh is None and jax.default_backend() == "cpu" \
-            and unrolled.supported(model_cfg) is None:
+    if split_decode is None and jax.default_backend() == "cpu" and unrolled.supported(model_cfg) is None:
         return "none"
     return "mtp"
 
@@ -337,6 +336,9 @@ class Sampler:
         self.model_cfg = sampler_model_cfg(cfg, exact_moe)
         self.B, self.S, self.chunk = int(max_batch), int(max_len), int(chunk)
         if mesh is not None:   # the scanned decode program compile-check compiles, on the sampler's mesh
+            if speculative == "mtp":
+                raise ValueError("speculative='mtp' runs on one device: its caches have no mesh layout yet "
+                                 "(use speculative='auto' or 'none' with a mesh)")
             if split_decode:
                 raise ValueError("a Sampler on a mesh runs the scanned decode program; split_decode=True is "
                                  "the one-process CPU layout")
