@@ -348,7 +348,9 @@ def maxtext_side(p: dict, compiles, out_dir: str, stem: str, timeout: float) -> 
             r.pop("traceback", None)
         else:
             r = {"status": f"error: driver exited {rc} without a report (see {os.path.relpath(log, ROOT)})"}
-        r.update(layers=layers, scan=not unrolled, subprocess_wall_s=wall, command=" ".join(cmd[1:]))
+        rel = [os.path.relpath(c, ROOT) if os.path.isabs(c) else c for c in cmd]
+        r.update(layers=layers, scan=not unrolled, subprocess_wall_s=wall,
+                 command=" ".join([".venv-maxtext/bin/python", *rel[1:]]))
         for k in ("maxtext", "jax", "libtpu", "flax"):
             if k in r:
                 res[k] = r.pop(k)

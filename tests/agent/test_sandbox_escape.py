@@ -131,7 +131,8 @@ def test_network_blocked(sandbox, workdir):
 def test_host_files_unreadable(sandbox, workdir, host_state):
     home = os.path.expanduser("~")
     targets = ["/etc/shadow", "/etc/sudoers", str(host_state["secret"]), f"{home}/.bashrc",
-               f"{home}/.ssh/id_rsa", "/work/shared/DESIGN.md", str(Path(sbx.__file__).resolve())]
+               f"{home}/.ssh/id_rsa", str(Path(__file__).resolve().parents[2] / "README.md"),
+               str(Path(sbx.__file__).resolve())]
     cmd = "; ".join(f"cat {t} >/dev/null 2>&1 && echo READ:{t}" for t in targets)
     os.environ["C2JAX_HOST_SECRET_ENV"] = "HOST-SECRET-ENV"
     try:
