@@ -17,9 +17,6 @@ ENVS = ("harness", "toy")
 SUMMARY_METHODS = ("none", "self", "prompt", "truncate")  # c2jax.agent.summarize.METHODS
 
 
-SPECULATIVE = ("auto", "mtp", "none")
-
-
 def rl_defaults() -> ml_collections.ConfigDict:
     """Every RL field with its default; values the report does not state say so."""
     c = default_rl_loss_config()
@@ -145,8 +142,9 @@ def validate_rl(r, model=None) -> None:
     if tuple(r.sampler_mesh_shape) and int(r.sampler_decode_devices) != 1:
         raise ConfigError("rl.sampler_mesh_shape and rl.sampler_decode_devices > 1 are two layouts of the sampler; "
                           "set one of them")
-    if r.speculative not in SPECULATIVE:
-        raise ConfigError(f"rl.speculative must be one of {SPECULATIVE}, got {r.speculative!r}")
+    from c2jax.sampling.engine import SPECULATIVE_MODES
+    if r.speculative not in SPECULATIVE_MODES:
+        raise ConfigError(f"rl.speculative must be one of {SPECULATIVE_MODES}, got {r.speculative!r}")
     if r.speculative == "mtp" and tuple(r.sampler_mesh_shape):
         raise ConfigError("rl.speculative='mtp' runs the sampler on one device; with rl.sampler_mesh_shape use "
                           "'auto' or 'none'")

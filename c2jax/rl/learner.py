@@ -50,7 +50,7 @@ from c2jax.parallel.mesh import active_logical_axes, axes_size, data_sharding, l
 from c2jax.rl.advantages import apply_kl_penalty, broadcast_advantages
 from c2jax.rl.losses import _masked_p99, loss_token_count, policy_loss
 from c2jax.train.optimizer import make_optimizer
-from c2jax.train.step import apply_if_finite, forward_nll, init_state, mtp_distill_terms, mtp_metrics
+from c2jax.train.step import apply_if_finite, forward_nll, init_state, mtp_distill_terms, mtp_metrics, trains_mtp
 
 
 def learner_cfg(cfg) -> ml_collections.ConfigDict:
@@ -245,7 +245,7 @@ def rl_train_step(cfg, optimizer, state, ref_params, batch):
     n_seq = batch.get("num_sequences")
     num_tokens = loss_token_count(mask, batch["truncated"], r)
 
-    mtp = bool(m.num_mtp_layers) and float(cfg.train.mtp_loss_weight) > 0
+    mtp = trains_mtp(cfg)
 
     def grad_micro(acc, xs):
         b, forced, ref_logp, tok = xs

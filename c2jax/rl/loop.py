@@ -176,7 +176,7 @@ def _run_rl(cfg, workdir: str, hooks: dict) -> dict:
         orch.start()
         idle0, busy0 = service.counters()
         gen0 = service.generated_tokens
-        spec0 = (getattr(service, "spec_drafted", 0), getattr(service, "spec_accepted", 0))
+        spec0 = service.spec_counts()
         t_last = time.monotonic()
         while step < r.steps:
             t_wait = time.monotonic()
@@ -220,10 +220,10 @@ def _run_rl(cfg, workdir: str, hooks: dict) -> dict:
             m["learner_tokens_per_s"] = m["batch_tokens"] / max(learn_s, 1e-9)
             m["learner_wait_s"], m["learner_step_s"] = wait_s, learn_s
             idle0, busy0, gen0, t_last = idle1, busy1, gen1, now
-            if getattr(service, "spec_drafted", 0):   # speculative rollouts: the MTP drafts' acceptance
-                dr1, ac1 = service.spec_drafted, service.spec_accepted
-                m["spec_acceptance"] = (ac1 - spec0[1]) / max(dr1 - spec0[0], 1)
-                spec0 = (dr1, ac1)
+            spec1 = service.spec_counts()
+            if spec1[0] > spec0[0]:   # speculative rollouts: the MTP drafts' acceptance this step
+                m["spec_acceptance"] = (spec1[1] - spec0[1]) / (spec1[0] - spec0[0])
+            spec0 = spec1
             m["reward"] = float(rewards.mean())
             m["pass_rate"] = float(np.mean([p for g in keep for p in g.passed]))
             terms = {}

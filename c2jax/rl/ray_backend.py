@@ -381,13 +381,10 @@ class RemoteSamplers:
     def generated_tokens(self) -> int:
         return sum(s[2] for s in self._stats())
 
-    @property
-    def spec_drafted(self) -> int:
-        return sum(s[4] for s in self._stats())
-
-    @property
-    def spec_accepted(self) -> int:
-        return sum(s[5] for s in self._stats())
+    def spec_counts(self) -> tuple[int, int]:
+        """(MTP drafts proposed, accepted) over the actors, from one poll."""
+        st = self._stats()
+        return sum(s[4] for s in st), sum(s[5] for s in st)
 
     @property
     def restarts(self) -> int:

@@ -104,6 +104,10 @@ class SamplerService:
     def counters(self) -> tuple[float, float]:
         return self.idle_s, self.busy_s
 
+    def spec_counts(self) -> tuple[int, int]:
+        """(MTP drafts proposed, accepted) so far (speculative decoding)."""
+        return self.spec_drafted, self.spec_accepted
+
     def _run(self):
         while not self._stop.is_set():
             try:

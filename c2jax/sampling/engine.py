@@ -277,6 +277,9 @@ class MeshLayout:
         return jax.tree.map(lambda x: NamedSharding(self.mesh, PartitionSpec(self.batch_spec)), state)
 
 
+SPECULATIVE_MODES = ("auto", "mtp", "none")   # Sampler(speculative=...), rl.speculative, eval.speculative
+
+
 def auto_speculative(model_cfg, split_decode, mesh, decode_devices: int) -> str:
     """speculative="auto": "mtp" where the model has MTP heads and one device decodes with the
     scanned model (an accelerator, split_decode=False), else "none". On CPU the split decode
@@ -327,8 +330,8 @@ class Sampler:
                  version: int = 0, exact_moe: bool = True, cache_dtype=None,
                  speculative: str = "none", quant_scope: str = "experts", split_decode: bool | None = None,
                  decode_devices: int = 1, mesh=None):
-        if speculative not in ("none", "mtp", "auto"):
-            raise ValueError(f"speculative must be 'none', 'mtp' or 'auto', got {speculative!r}")
+        if speculative not in SPECULATIVE_MODES:
+            raise ValueError(f"speculative must be one of {SPECULATIVE_MODES}, got {speculative!r}")
         if quant_scope not in ("none", "experts", "all"):
             raise ValueError(f"quant_scope must be 'none', 'experts' or 'all', got {quant_scope!r}")
         if max_batch < 1 or max_len < 2:

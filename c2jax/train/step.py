@@ -86,6 +86,11 @@ def mtp_distill_loss(mtp_logits_DBLV, logits_BLV, loss_weights_BL, segment_ids_B
     return total, weight
 
 
+def trains_mtp(cfg) -> bool:
+    """Whether a training step distils MTP heads: the model has them and train.mtp_loss_weight > 0."""
+    return bool(model_cfg(cfg).num_mtp_layers) and float(cfg.train.mtp_loss_weight) > 0
+
+
 def mtp_distill_terms(cfg, params, out, loss_weights_BL, segment_ids_BL):
     """(sum_P, weight_P) float32 per MTP depth: mtp_distill_loss's terms from a head=False
     forward's aux["mtp_hidden"] (out.logits = the final hidden states), the head applied in
@@ -109,9 +114,8 @@ def mtp_metrics(sum_P, weight_P):
 
 def loss_terms(cfg, params, batch, forced_expert_ids=None):
     """Sums (not means) of every loss term over one microbatch, plus router aux outputs."""
-    m = model_cfg(cfg)
-    mtp = bool(m.num_mtp_layers) and float(cfg.train.mtp_loss_weight) > 0
-    nll_BL, lse_BL, out = forward_nll(cfg, params, batch, forced_expert_ids, train_dispatch=True, mtp=mtp)
+    nll_BL, lse_BL, out = forward_nll(cfg, params, batch, forced_expert_ids, train_dispatch=True,
+                                      mtp=trains_mtp(cfg))
     w = batch["loss_weights"].astype(jnp.float32)
     terms = {"nll_sum": jnp.sum(nll_BL * w), "weight": jnp.sum(w),
              "z_sum": jnp.sum(jnp.square(lse_BL) * w)}

@@ -130,20 +130,14 @@ def bench_trained(args, rows):
     d = int(cfg.model.num_mtp_layers)
     for batch in args.batches:
         prompts = heldout_prompts(cfg, args.run, batch * (1 + max(args.repeats, 1)), args.prompt_len)
-        feed = iter(prompts * 2)
-        plain, want = run(cfg, params, batch, args.prompt_len, args.new_tokens, args.repeats, prompts=feed)
-        feed = iter(prompts * 2)
-        scanned, _ = run(cfg, params, batch, args.prompt_len, args.new_tokens, args.repeats, prompts=feed,
-                         split_decode=False)
-        feed = iter(prompts * 2)
-        spec, got = run(cfg, params, batch, args.prompt_len, args.new_tokens, args.repeats, prompts=feed,
-                        speculative="mtp")
+        same = lambda **o: run(cfg, params, batch, args.prompt_len, args.new_tokens, args.repeats,  # noqa: E731
+                               prompts=iter(prompts * 2), **o)        # every configuration: the same prompts
+        plain, want = same()
+        scanned, _ = same(split_decode=False)
+        spec, got = same(speculative="mtp")
         assert got == want, "speculative output differs from plain decoding"
-        feed = iter(prompts * 2)
-        sampled, _ = run(cfg, params, batch, args.prompt_len, args.new_tokens, args.repeats, prompts=feed,
-                         speculative="mtp", temperature=1.0)
+        sampled, _ = same(speculative="mtp", temperature=1.0)
         step_cost = (spec["decode_s"] / spec["steps"]) / (scanned["decode_s"] / scanned["steps"])
-        per_step = args.new_tokens * batch / max(spec["steps"] * batch, 1)     # tokens emitted per row-step
         predicted = (1 + spec["acceptance"] * d) / step_cost
         row = {"bench": "mtp_trained", "run": os.path.relpath(os.path.abspath(args.run)), "model": cfg.model.name,
                "depth": d, "batch": batch, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
@@ -151,7 +145,7 @@ def bench_trained(args, rows):
                "plain_tok_s": plain["tok_s"], "plain_scanned_tok_s": scanned["tok_s"], "spec_tok_s": spec["tok_s"],
                "speedup_vs_scanned": spec["tok_s"] / scanned["tok_s"], "speedup_vs_plain": spec["tok_s"] / plain["tok_s"],
                "spec_step_cost_vs_scanned": step_cost, "predicted_speedup_vs_scanned": predicted,
-               "tokens_per_spec_step": per_step, "plain_steps": scanned["steps"], "spec_steps": spec["steps"]}
+               "tokens_per_spec_step": args.new_tokens / spec["steps"], "plain_steps": scanned["steps"], "spec_steps": spec["steps"]}
         rows.append(row)
         print(f"trained {cfg.model.name} d={d} batch {batch}: acceptance greedy {spec['acceptance']:.3f}, "
               f"T=1 {sampled['acceptance']:.3f}; plain {plain['tok_s']:.1f} tok/s (scanned {scanned['tok_s']:.1f}), "
