@@ -60,7 +60,7 @@ def _eval(cfg, workdir) -> int:
             from c2jax.config import ConfigError
             raise ConfigError("eval.policy='model' needs --config.eval.model_run=RUN_DIR (a trained run)")
         run_cfg = load_run_config(cfg.eval.model_run)
-        from c2jax.sampling.engine import SPECULATIVE_MODES
+        from c2jax.rl.config import SPECULATIVE_MODES
         if cfg.eval.speculative not in SPECULATIVE_MODES or (
                 cfg.eval.speculative == "mtp" and not run_cfg.model.num_mtp_layers):
             from c2jax.config import ConfigError

@@ -17,6 +17,11 @@ ENVS = ("harness", "toy")
 SUMMARY_METHODS = ("none", "self", "prompt", "truncate")  # c2jax.agent.summarize.METHODS
 
 
+# rl.speculative / eval.speculative: the Sampler's speculative= choices (c2jax.sampling.engine
+# checks the same names; the config layer does not import the sampler)
+SPECULATIVE_MODES = ("auto", "mtp", "none")
+
+
 def rl_defaults() -> ml_collections.ConfigDict:
     """Every RL field with its default; values the report does not state say so."""
     c = default_rl_loss_config()
@@ -142,7 +147,6 @@ def validate_rl(r, model=None) -> None:
     if tuple(r.sampler_mesh_shape) and int(r.sampler_decode_devices) != 1:
         raise ConfigError("rl.sampler_mesh_shape and rl.sampler_decode_devices > 1 are two layouts of the sampler; "
                           "set one of them")
-    from c2jax.sampling.engine import SPECULATIVE_MODES
     if r.speculative not in SPECULATIVE_MODES:
         raise ConfigError(f"rl.speculative must be one of {SPECULATIVE_MODES}, got {r.speculative!r}")
     if r.speculative == "mtp" and tuple(r.sampler_mesh_shape):

@@ -277,7 +277,7 @@ class MeshLayout:
         return jax.tree.map(lambda x: NamedSharding(self.mesh, PartitionSpec(self.batch_spec)), state)
 
 
-SPECULATIVE_MODES = ("auto", "mtp", "none")   # Sampler(speculative=...), rl.speculative, eval.speculative
+SPECULATIVE_MODES = ("auto", "mtp", "none")   # Sampler(speculative=...); c2jax.rl.config names the same
 
 
 def auto_speculative(model_cfg, split_decode, mesh, decode_devices: int) -> str:
