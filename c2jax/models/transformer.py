@@ -172,11 +172,12 @@ class Transformer(nn.Module):
 
     @nn.compact
     def __call__(self, tokens_BL, positions_BL, segment_ids_BL, forced_ids_NBLK=None, cache=None, head=True,
-                 mtp=None):
+                 mtp=None, mtp_trunk_grad=True):
         """(logits f32 [B, L, V], aux, cache); with head=False the final-normed hidden states
         [B, L, D] in place of the logits and the MTP heads' normed states in aux["mtp_hidden"]
         [D, B, L, D] in place of aux["mtp_logits"]: the trainer's fused head + loss. mtp: run
-        the MTP heads (default: with the head; never on the KV-cache path)."""
+        the MTP heads (default: with the head; never on the KV-cache path). mtp_trunk_grad=False:
+        the heads read the trunk's states and the embeddings detached (their loss trains them alone)."""
         m = self.cfg
         dt, pdt = dtype_of(m.dtype), dtype_of(m.param_dtype)
         embed = self.param("embed", nn.with_logical_partitioning(nn.initializers.normal(m.init_std),
@@ -204,10 +205,13 @@ class Transformer(nn.Module):
         run_mtp = bool(m.num_mtp_layers) and not cache and (head if mtp is None else mtp)
         if run_mtp:
             mtp_normed, mtp_segments, h = [], [], hidden_BLD
+            mtp_embed = embed
+            if not mtp_trunk_grad:
+                h, mtp_embed = jax.lax.stop_gradient(h), jax.lax.stop_gradient(embed)
             for d in range(1, m.num_mtp_layers + 1):
                 shift = mtp_shift(tokens_BL.shape[1], d)
                 ahead_BL = jnp.where(shift.ahead_ok, jnp.take(tokens_BL, shift.ahead, axis=1), 0)
-                next_emb = embed_lookup(embed, ahead_BL, dt)
+                next_emb = embed_lookup(mtp_embed, ahead_BL, dt)
                 h, normed, _ = MTPHead(m, n_moe > 0, name=f"mtp_{d}")(h, next_emb, positions_BL, segment_ids_BL)
                 # each position gets the prediction made d tokens before it: the same token as the
                 # main head's there (the hidden state moves, not the [B, L, V] logits)
@@ -307,7 +311,7 @@ def dropless(m):
 
 def forward(cfg, params, tokens_BL, positions_BL=None, segment_ids_BL=None, *,
             forced_expert_ids=None, return_aux: bool = False, head: bool = True, train_dispatch: bool = False,
-            mtp: bool | None = None):
+            mtp: bool | None = None, mtp_trunk_grad: bool = True):
     """Logits float32 [B, L, V] for int32 tokens [B, L]; with return_aux a ForwardOutput.
     params: the params dict, or c2jax.models.prepared.Weights (some weights stored prepared).
 
@@ -315,13 +319,14 @@ def forward(cfg, params, tokens_BL, positions_BL=None, segment_ids_BL=None, *,
     head=False: the final-normed hidden states [B, L, D] in place of the logits, for losses that
     apply the output head themselves (c2jax.train.head_loss); the MTP heads run when `mtp` (default:
     head) and the model has them, their outputs in aux ("mtp_logits", or with head=False
-    "mtp_hidden"; "mtp_segment_ids").
+    "mtp_hidden"; "mtp_segment_ids"); mtp_trunk_grad=False: their inputs detached from the trunk.
     Dropless unless train_dispatch (the training step's opt-in to model.moe_dispatch="capacity")."""
     m = model_cfg(cfg) if train_dispatch else dropless(model_cfg(cfg))
     tokens_BL = jnp.asarray(tokens_BL, jnp.int32)
     positions_BL, segment_ids_BL = _defaults(tokens_BL, positions_BL, segment_ids_BL)
     logits, aux, _ = Transformer(m).apply(variables(params), tokens_BL, positions_BL, segment_ids_BL,
-                                          forced_expert_ids, cache={}, head=head, mtp=mtp)
+                                          forced_expert_ids, cache={}, head=head, mtp=mtp,
+                                          mtp_trunk_grad=mtp_trunk_grad)
     if return_aux:
         return ForwardOutput(logits, aux)
     return logits

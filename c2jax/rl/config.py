@@ -65,6 +65,10 @@ def rl_defaults() -> ml_collections.ConfigDict:
     # device decodes with the scanned model, e.g. an accelerator; see Sampler), "mtp", "none". Exact:
     # tokens, logprobs and expert ids are the target model's either way
     c.speculative = "auto"
+    # the learner's MTP self-distillation (weight train.mtp_loss_weight) trains the MTP heads only:
+    # False detaches their inputs (trunk states, embeddings) and the output head from it, so the
+    # policy's gradient is the RL objective's alone; True lets it reach the policy as in CPT
+    c.mtp_into_policy = False
     # --- self-summarization (harness env; c2jax.agent.summarize, c2jax.rl.chains) ---
     c.summary_method = "none"  # "none" (full context) | "self" | "prompt" (compaction call) | "truncate"
     c.summary_trigger_tokens = 512  # compact when the current segment holds this many tokens

@@ -252,9 +252,11 @@ def rl_train_step(cfg, optimizer, state, ref_params, batch):
 
         def loss_fn(params):
             if mtp:   # the heads distil the main head's (detached) distribution on the sampled tokens
-                nll, _, out = forward_nll(cfg, params, b, forced, scale=1.0 / r.temperature, mtp=True)
+                nll, _, out = forward_nll(cfg, params, b, forced, scale=1.0 / r.temperature, mtp=True,
+                                          mtp_trunk_grad=bool(r.mtp_into_policy))
                 logp, aux = _to_token_order(-nll), out.aux
-                s_P, w_P = mtp_distill_terms(cfg, params, out, _to_model_order(b["loss_mask"]), b["segment_ids"])
+                s_P, w_P = mtp_distill_terms(cfg, params, out, _to_model_order(b["loss_mask"]), b["segment_ids"],
+                                             head_grad=bool(r.mtp_into_policy))
                 mtp_loss = jnp.sum(s_P) / jnp.maximum(jnp.sum(w_P), 1.0)
                 mtp_terms = (s_P, w_P)
             else:

@@ -49,14 +49,14 @@ _nll_lse.defvjp(_nll_lse_fwd, _nll_lse_bwd)
 
 
 def forward_nll(cfg, params, batch, forced_expert_ids=None, *, scale: float = 1.0, with_logits: bool = False,
-                train_dispatch: bool = False, mtp: bool | None = None):
+                train_dispatch: bool = False, mtp: bool | None = None, mtp_trunk_grad: bool = True):
     """(nll_BL, lse_BL, ForwardOutput) of the batch's targets under logits * scale. Without
     with_logits the output head runs fused with the loss (c2jax.train.head_loss; out.logits then
     holds the final hidden states). mtp: run the MTP heads (default: with with_logits; their
     outputs in out.aux, with_logits=False: the states mtp_distill_terms reads)."""
     out = forward(cfg, params, batch["inputs"], batch["positions"], batch["segment_ids"],
                   forced_expert_ids=forced_expert_ids, return_aux=True, head=with_logits,
-                  train_dispatch=train_dispatch, mtp=mtp)
+                  train_dispatch=train_dispatch, mtp=mtp, mtp_trunk_grad=mtp_trunk_grad)
     if with_logits:
         nll_BL, lse_BL = token_nll(out.logits * scale if scale != 1.0 else out.logits, batch["targets"])
         return nll_BL, lse_BL, out
@@ -91,15 +91,16 @@ def trains_mtp(cfg) -> bool:
     return bool(model_cfg(cfg).num_mtp_layers) and float(cfg.train.mtp_loss_weight) > 0
 
 
-def mtp_distill_terms(cfg, params, out, loss_weights_BL, segment_ids_BL):
+def mtp_distill_terms(cfg, params, out, loss_weights_BL, segment_ids_BL, head_grad: bool = True):
     """(sum_P, weight_P) float32 per MTP depth: mtp_distill_loss's terms from a head=False
     forward's aux["mtp_hidden"] (out.logits = the final hidden states), the head applied in
     model.head_chunks sequence chunks (c2jax.train.head_loss.chunked_head_distill) so no [B, L, V]
-    logits are materialized whole."""
+    logits are materialized whole. head_grad=False: the output head gets no gradient from it."""
     m = model_cfg(cfg)
     aux = out.aux
     w_PBL = loss_weights_BL.astype(jnp.float32)[None] * (aux["mtp_segment_ids"] == segment_ids_BL[None])
     w, tied = head_weight(cfg, params)
+    w = w if head_grad else jax.lax.stop_gradient(w)
     return chunked_head_distill(out.logits, aux["mtp_hidden"], w, w_PBL, chunks=int(m.get("head_chunks", 1)),
                                 tied=tied, unroll=m.scan_unroll >= m.num_layers)
 

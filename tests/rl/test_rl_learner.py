@@ -197,3 +197,29 @@ def test_mtp_heads_are_distilled_in_the_rl_step():
         if weight:
             assert m["mtp_loss"] > 0
     assert moved[0.3] > 0 and moved[0.0] == 0, moved
+
+
+@pytest.mark.parametrize("into_policy", [False, True])
+def test_rl_mtp_distillation_reaches_the_policy_only_when_asked(into_policy):
+    """rl.mtp_into_policy=False (the default): the MTP term trains the heads alone, so every other
+    weight takes exactly the step it takes without the term; True: the trunk moves differently."""
+    rng = np.random.default_rng(3)
+    trajs = [Trajectory(rng.integers(0, 64, 20).astype(np.int32), np.arange(20) >= 8,
+                        rng.normal(-2.0, 0.3, 20).astype(np.float32) * (np.arange(20) >= 8), np.zeros(20, np.int32))
+             for _ in range(4)]
+    adv = rng.normal(size=4).astype(np.float32)
+    after = {}
+    for weight in (0.5, 0.0):
+        cfg = load_config("configs/rl_tiny.py:toy", ["--config.model.num_mtp_layers=1", "--config.rl.kl_coef=0",
+                                                     "--config.train.grad_clip=0",
+                                                     f"--config.rl.mtp_into_policy={into_policy}",
+                                                     f"--config.train.mtp_loss_weight={weight}"])
+        params = init_params(cfg, jax.random.key(2))
+        learner = Learner(cfg, params)
+        learner.step(trajs, adv)
+        after[weight] = {k: v for k, v in learner.params.items() if not k.startswith("mtp_")}
+    diff = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree.leaves(after[0.5]), jax.tree.leaves(after[0.0])))
+    if into_policy:
+        assert diff > 1e-6, diff
+    else:
+        assert diff == 0.0, diff
