@@ -1,6 +1,7 @@
 """Tiny asynchronous RL run on CPU (the demo's RL stage): configs/tiny.py model plus the `rl`
 section. `configs/rl_tiny.py:toy` uses the token toy task (no sandbox, seconds per step); `:mesh` and
 `:toy_mesh` are the same with the learner and the sampler on meshes of their own (8 devices).
+`:learning` is the held-out learning run of experiments/rl_learning.py (and the opt-in learning test).
 
     python -m c2jax rl --config configs/rl_tiny.py --workdir runs/rl \
         --config.train.init_from=runs/demo/sft
@@ -51,8 +52,16 @@ def get_config(arg=None):
             "rl.steps": 20, "rl.kl_coef": 1e-3, "rl.task_seed": -1,
             "rl.suites": ("synthetic:1",), "rl.suite_weights": (),  # one pool of token prompts
         })
+    elif arg == "learning":
+        # From the demo's SFT model: 16 prompts x 8 a step on train tasks SFT never saw
+        # (rl.task_seed 1), scored before and after on 128 held-out synthetic:1 tasks x 4 attempts
+        # (the same tasks and sampling seeds, so the change is paired per task).
+        updates.update({
+            "rl.steps": 40, "rl.prompts_per_step": 16, "rl.eval_every": 0, "rl.eval_tasks": 128, "rl.eval_k": 4,
+            "rl.eval_suites": ("synthetic:1",),
+        })
     elif arg not in (None, ""):
-        raise ValueError(f"configs/rl_tiny.py: unknown arg {arg!r}; use toy, mesh, toy_mesh or nothing")
+        raise ValueError(f"configs/rl_tiny.py: unknown arg {arg!r}; use toy, mesh, toy_mesh, learning or nothing")
     if mesh:
         # 8 devices (on CPU: XLA_FLAGS=--xla_force_host_platform_device_count=8): the learner on the
         # first 4 (FSDP 2 x EP 2), the sampler on the other 4 (batch over data 2, experts over expert 2)

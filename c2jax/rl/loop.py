@@ -54,6 +54,25 @@ def evaluate(env, service, tasks, k: int, temperature: float, seed: int, workers
             "eval/task_pass": per_task.tolist()}
 
 
+def group_signal_metrics(groups) -> dict:
+    """Where a step's learning signal is: the fraction of groups whose rewards are all equal (zero
+    advantage, so only the KL term moves the policy), of groups that all passed / all failed, and
+    the pass rate per suite (a suite is a task family at one difficulty, e.g. synthetic:1)."""
+    if not groups:
+        return {}
+    spread = [float(np.ptp(np.asarray(g.rewards, np.float64))) for g in groups]
+    passed = [np.asarray(g.passed, bool) for g in groups]
+    out = {"groups_zero_spread": float(np.mean([s <= 1e-6 for s in spread])),
+           "groups_all_pass": float(np.mean([p.all() for p in passed])),
+           "groups_all_fail": float(np.mean([not p.any() for p in passed]))}
+    by_suite: dict = {}
+    for g, p in zip(groups, passed):
+        by_suite.setdefault(g.suite, []).append(p)
+    for suite, ps in sorted(by_suite.items()):
+        out[f"pass_rate/{suite}"] = float(np.mean(np.concatenate(ps)))
+    return out
+
+
 def _stale_weights(groups, version, r):
     keep, weights, stale = [], [], []
     for g in groups:
@@ -226,6 +245,7 @@ def _run_rl(cfg, workdir: str, hooks: dict) -> dict:
             spec0 = spec1
             m["reward"] = float(rewards.mean())
             m["pass_rate"] = float(np.mean([p for g in keep for p in g.passed]))
+            m.update(group_signal_metrics(keep))
             terms = {}
             for t in finals:
                 for k, v in t.reward_terms.items():

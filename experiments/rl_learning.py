@@ -1,0 +1,152 @@
+"""Does RL improve the agent? Held-out pass@1 before and after an RL run from the demo's SFT model,
+paired per task, with the step-by-step learning signal, written as one JSON record and a plot.
+
+    python experiments/rl_learning.py                       # RL from runs/demo/sft (built if missing)
+    python experiments/rl_learning.py --sft RUN --workdir runs/rl_learning [--append] \
+        [--config configs/rl_tiny.py:learning] [--config.rl.steps=60 ...]
+
+The settings are the config's (`configs/rl_tiny.py:learning` by default) plus any --config.*
+overrides; the SFT model is `--sft`, or `runs/demo/sft`, or built by the demo's own stages
+(c2jax.pipeline.build_sft_model) into WORKDIR/demo. Writes --out (default
+experiments/results/rl_harness/learning.json): pass_at_1_before / _after, the paired change and
+its standard error over tasks, tasks, attempts, the goal (+0.08 and 3 paired SE within 60 min) met
+or not, per-step train pass rate, reward terms and group diagnostics (groups with equal rewards,
+all passing, all failing; pass rate per suite), the KL to the reference, wall times and the exact
+config; --append keeps the earlier runs of the file under "runs". The plot goes next to it
+(learning.png).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GOAL_CHANGE, GOAL_SE, GOAL_WALL_S = 0.08, 3.0, 3600.0
+STEP_KEYS = ("reward", "pass_rate", "groups_zero_spread", "groups_all_pass", "groups_all_fail", "kl_ref_k1",
+             "loss", "grad_norm", "batch_tokens", "learner_step_s")
+
+
+def sft_dir(args) -> str:
+    """The SFT run to start from: --sft, runs/demo/sft, or the demo's stages built into WORKDIR/demo."""
+    if args.sft:
+        path = args.sft
+    elif os.path.exists(os.path.join(ROOT, "runs/demo/sft/summary.json")):
+        path = os.path.join(ROOT, "runs/demo/sft")
+    else:
+        from c2jax.pipeline import build_sft_model
+        root = os.path.join(args.workdir, "demo")
+        if not os.path.exists(os.path.join(root, "sft", "summary.json")):
+            build_sft_model(root)
+        path = os.path.join(root, "sft")
+    if not os.path.exists(os.path.join(path, "summary.json")):
+        raise SystemExit(f"rl_learning: {path} is not a finished training run (no summary.json)")
+    return path
+
+
+def paired(before, after) -> dict:
+    """Mean per-task change after - before and its paired standard error over tasks."""
+    d = np.asarray(after, float) - np.asarray(before, float)
+    se = float(d.std(ddof=1) / np.sqrt(len(d)))
+    return {"change": float(d.mean()), "paired_se": se, "change_in_se": float(d.mean() / se) if se > 0 else 0.0}
+
+
+def step_series(rows) -> dict:
+    """Per-step lists of the learning-signal metrics and every reward term present."""
+    steps = [r for r in rows if "reward" in r]
+    keys = [k for k in STEP_KEYS if any(k in r for r in steps)]
+    keys += sorted({k for r in steps for k in r if k.startswith(("reward/", "pass_rate/"))})
+    return {"step": [int(r["step"]) for r in steps],
+            **{k: [r.get(k) for r in steps] for k in keys}}
+
+
+def record(cfg, run_dir: str, summary: dict, sft: str, wall_s: float, argv) -> dict:
+    from c2jax.train.metrics import read_metrics
+    first, last = summary["evals"][0], summary["evals"][-1]
+    before, after = first["eval/task_pass"], last["eval/task_pass"]
+    ch = paired(before, after)
+    k = int(cfg.rl.eval_k)
+    met = ch["change"] >= GOAL_CHANGE and ch["change_in_se"] >= GOAL_SE and wall_s <= GOAL_WALL_S
+    return {
+        "date": datetime.date.today().isoformat(),
+        "command": "python experiments/rl_learning.py " + " ".join(argv),
+        "sft": os.path.relpath(sft, ROOT) if sft.startswith(ROOT) else sft,
+        "pass_at_1_before": first["eval/pass_at_1"], "pass_at_1_after": last["eval/pass_at_1"],
+        f"best_of_{k}_before": first.get(f"eval/best_of_{k}"), f"best_of_{k}_after": last.get(f"eval/best_of_{k}"),
+        **ch, "tasks": len(before), "attempts": k, "rl_steps": int(summary.get("final_step", cfg.rl.steps)),
+        "goal": {"change": GOAL_CHANGE, "paired_se": GOAL_SE, "wall_s": GOAL_WALL_S, "met": bool(met)},
+        "wall_s": wall_s, "train_wall_s": summary.get("train_wall_s"),
+        "per_step": step_series(read_metrics(run_dir)),
+        "task_pass_before": before, "task_pass_after": after,
+        "config": json.loads(cfg.to_json_best_effort()),
+    }
+
+
+def plot(rec: dict, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    s = rec["per_step"]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for k in ("pass_rate", "groups_zero_spread", "groups_all_fail", "groups_all_pass"):
+        if k in s:
+            a.plot(s["step"], s[k], label=k)
+    a.set_xlabel("RL step")
+    a.set_title("training groups")
+    a.legend(fontsize=8)
+    x = [0, rec["rl_steps"]]
+    b.errorbar(x, [rec["pass_at_1_before"], rec["pass_at_1_after"]], yerr=[0, rec["paired_se"]], marker="o", capsize=4)
+    b.set_xlabel("RL step")
+    b.set_title(f"held-out pass@1, {rec['tasks']} tasks x {rec['attempts']}: "
+                f"{rec['change']:+.3f} +- {rec['paired_se']:.3f} (paired SE)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", default="configs/rl_tiny.py:learning")
+    ap.add_argument("--sft", default="")
+    ap.add_argument("--workdir", default="runs/rl_learning")
+    ap.add_argument("--out", default="experiments/results/rl_harness/learning.json")
+    ap.add_argument("--append", action="store_true", help="keep the runs already in --out")
+    args, overrides = ap.parse_known_args(argv)
+    bad = [o for o in overrides if not o.startswith("--config.")]
+    if bad:
+        ap.error(f"unknown arguments {bad} (config overrides are --config.section.key=value)")
+    os.chdir(ROOT)   # configs and the default paths are relative to the checkout
+    from c2jax.config import load_config
+    from c2jax.rl.loop import run_rl
+    sft = sft_dir(args)
+    cfg = load_config(args.config, [f"--config.train.init_from={sft}", *overrides])
+    if int(cfg.rl.eval_every) < 0:
+        raise SystemExit("rl_learning: needs the held-out evals before and after (rl.eval_every >= 0)")
+    if os.path.exists(os.path.join(args.workdir, "metrics.jsonl")):
+        raise SystemExit(f"rl_learning: {args.workdir} already holds a run; pass a fresh --workdir")
+    t0 = time.time()
+    summary = run_rl(cfg, args.workdir)
+    rec = record(cfg, args.workdir, summary, sft, time.time() - t0, argv)
+    previous = []
+    if args.append and os.path.exists(args.out):
+        old = json.load(open(args.out))
+        previous = old.pop("runs", []) + [old]
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump({**rec, "runs": previous}, f, indent=1)
+    plot(rec, os.path.splitext(args.out)[0] + ".png")
+    print(f"held-out pass@1 {rec['pass_at_1_before']:.3f} -> {rec['pass_at_1_after']:.3f}: "
+          f"{rec['change']:+.3f} +- {rec['paired_se']:.3f} ({rec['change_in_se']:.1f} paired SE, {rec['tasks']} tasks "
+          f"x {rec['attempts']}) in {rec['wall_s'] / 60:.1f} min; goal (+{GOAL_CHANGE}, {GOAL_SE:.0f} SE, "
+          f"{GOAL_WALL_S / 60:.0f} min) {'met' if rec['goal']['met'] else 'NOT met'}; wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
