@@ -188,6 +188,15 @@ def build_sft_model(workdir: str, overrides=(), mode: str = "full", timings: dic
     return {"cpt": cpt, "sft": sft, "transcripts": tstats, "sft_dir": sft_dir, "commands": commands}
 
 
+def sft_model(root: str) -> str:
+    """root/sft, the demo's CPT+SFT run: built by build_sft_model(root) unless root already holds a
+    finished one (summary.json). Run from the checkout (the stage configs are relative paths)."""
+    sft_dir = os.path.join(root, "sft")
+    if not os.path.exists(os.path.join(sft_dir, "summary.json")):
+        build_sft_model(root)
+    return sft_dir
+
+
 def run_demo(workdir: str, overrides=(), mode: str = "default") -> int:
     """The quick start: CPT -> SFT -> RL -> held-out eval of the tiny model at DEMO_SIZES[mode];
     prints the tables and writes workdir/report.md, report.json and the plots."""

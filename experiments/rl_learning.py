@@ -24,8 +24,6 @@ import os
 import sys
 import time
 
-import numpy as np
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GOAL_CHANGE, GOAL_SE, GOAL_WALL_S = 0.08, 3.0, 3600.0
 STEP_KEYS = ("reward", "pass_rate", "groups_zero_spread", "groups_all_pass", "groups_all_fail", "kl_ref_k1",
@@ -34,26 +32,16 @@ STEP_KEYS = ("reward", "pass_rate", "groups_zero_spread", "groups_all_pass", "gr
 
 def sft_dir(args) -> str:
     """The SFT run to start from: --sft, runs/demo/sft, or the demo's stages built into WORKDIR/demo."""
+    from c2jax.pipeline import sft_model
     if args.sft:
         path = args.sft
     elif os.path.exists(os.path.join(ROOT, "runs/demo/sft/summary.json")):
         path = os.path.join(ROOT, "runs/demo/sft")
     else:
-        from c2jax.pipeline import build_sft_model
-        root = os.path.join(args.workdir, "demo")
-        if not os.path.exists(os.path.join(root, "sft", "summary.json")):
-            build_sft_model(root)
-        path = os.path.join(root, "sft")
+        path = sft_model(os.path.join(args.workdir, "demo"))
     if not os.path.exists(os.path.join(path, "summary.json")):
         raise SystemExit(f"rl_learning: {path} is not a finished training run (no summary.json)")
     return path
-
-
-def paired(before, after) -> dict:
-    """Mean per-task change after - before and its paired standard error over tasks."""
-    d = np.asarray(after, float) - np.asarray(before, float)
-    se = float(d.std(ddof=1) / np.sqrt(len(d)))
-    return {"change": float(d.mean()), "paired_se": se, "change_in_se": float(d.mean() / se) if se > 0 else 0.0}
 
 
 def step_series(rows) -> dict:
@@ -66,10 +54,13 @@ def step_series(rows) -> dict:
 
 
 def record(cfg, run_dir: str, summary: dict, sft: str, wall_s: float, argv) -> dict:
+    from c2jax.demo_report import paired_change
     from c2jax.train.metrics import read_metrics
     first, last = summary["evals"][0], summary["evals"][-1]
     before, after = first["eval/task_pass"], last["eval/task_pass"]
-    ch = paired(before, after)
+    c = paired_change(before, after)
+    ch = {"change": c["change"], "paired_se": c["se"],
+          "change_in_se": c["change"] / c["se"] if c["se"] else 0.0}
     k = int(cfg.rl.eval_k)
     met = ch["change"] >= GOAL_CHANGE and ch["change_in_se"] >= GOAL_SE and wall_s <= GOAL_WALL_S
     return {
@@ -77,6 +68,7 @@ def record(cfg, run_dir: str, summary: dict, sft: str, wall_s: float, argv) -> d
         "command": "python experiments/rl_learning.py " + " ".join(argv),
         "sft": os.path.relpath(sft, ROOT) if sft.startswith(ROOT) else sft,
         "pass_at_1_before": first["eval/pass_at_1"], "pass_at_1_after": last["eval/pass_at_1"],
+        "pass_at_1_se_before": first["eval/pass_at_1_se"], "pass_at_1_se_after": last["eval/pass_at_1_se"],
         f"best_of_{k}_before": first.get(f"eval/best_of_{k}"), f"best_of_{k}_after": last.get(f"eval/best_of_{k}"),
         **ch, "tasks": len(before), "attempts": k, "rl_steps": int(summary.get("final_step", cfg.rl.steps)),
         "goal": {"change": GOAL_CHANGE, "paired_se": GOAL_SE, "wall_s": GOAL_WALL_S, "met": bool(met)},
@@ -95,12 +87,13 @@ def plot(rec: dict, path: str) -> None:
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     for k in ("pass_rate", "groups_zero_spread", "groups_all_fail", "groups_all_pass"):
         if k in s:
-            a.plot(s["step"], s[k], label=k)
+            a.plot(s["step"], s[k], marker=".", label=k)
     a.set_xlabel("RL step")
     a.set_title("training groups")
     a.legend(fontsize=8)
     x = [0, rec["rl_steps"]]
-    b.errorbar(x, [rec["pass_at_1_before"], rec["pass_at_1_after"]], yerr=[0, rec["paired_se"]], marker="o", capsize=4)
+    b.errorbar(x, [rec["pass_at_1_before"], rec["pass_at_1_after"]],
+               yerr=[rec["pass_at_1_se_before"], rec["pass_at_1_se_after"]], marker="o", capsize=4)
     b.set_xlabel("RL step")
     b.set_title(f"held-out pass@1, {rec['tasks']} tasks x {rec['attempts']}: "
                 f"{rec['change']:+.3f} +- {rec['paired_se']:.3f} (paired SE)", fontsize=9)

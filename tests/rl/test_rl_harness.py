@@ -12,11 +12,11 @@ experiments/rl_learning.py, and asserts that command's goal; the runs so far ros
 """
 import os
 
-import numpy as np
 import pytest
 
 from c2jax.agent.sandbox import unavailable_reason
 from c2jax.config import load_config
+from c2jax.demo_report import paired_change
 from c2jax.rl.loop import run_rl
 from c2jax.train.metrics import read_metrics
 
@@ -58,16 +58,13 @@ def demo_sft_dir(tmp_path_factory):
     or a temp dir."""
     if os.environ.get("C2JAX_RL_INIT_FROM"):
         return os.environ["C2JAX_RL_INIT_FROM"]
-    from c2jax.pipeline import build_sft_model
-    root = os.environ.get("C2JAX_DEMO_CACHE") or str(tmp_path_factory.mktemp("demo"))
-    if not os.path.exists(os.path.join(root, "sft", "summary.json")):
-        cwd = os.getcwd()
-        os.chdir(ROOT)  # the stage configs are addressed relative to the repository
-        try:
-            build_sft_model(root)
-        finally:
-            os.chdir(cwd)
-    return os.path.join(root, "sft")
+    from c2jax.pipeline import sft_model
+    cwd = os.getcwd()
+    os.chdir(ROOT)  # the stage configs are addressed relative to the repository
+    try:
+        return sft_model(os.environ.get("C2JAX_DEMO_CACHE") or str(tmp_path_factory.mktemp("demo")))
+    finally:
+        os.chdir(cwd)
 
 
 @pytest.mark.skipif(bool(NO_SANDBOX), reason=NO_SANDBOX or "")
@@ -83,9 +80,8 @@ def test_harness_rl_learning_from_sft_checkpoint(tmp_path, demo_sft_dir):
     assert (cfg.rl.eval_tasks, cfg.rl.eval_k) == (EVAL_TASKS, EVAL_K)
     s = run_rl(cfg, str(tmp_path / "run"))
     first, last = s["evals"][0], s["evals"][-1]
-    diff = np.asarray(last["eval/task_pass"]) - np.asarray(first["eval/task_pass"])  # same tasks, paired
-    se = diff.std(ddof=1) / np.sqrt(len(diff))
+    c = paired_change(first["eval/task_pass"], last["eval/task_pass"])  # same tasks, paired
     print({k: v for k, v in last.items() if k != "eval/task_pass"},
-          f"paired rise {diff.mean():+.3f} +- {se:.3f} (SE over tasks)")
+          f"paired rise {c['change']:+.3f} +- {c['se']:.3f} (SE over tasks)")
     assert 0.0 < first["eval/pass_at_1"] < 0.9, first  # the SFT model solves some tasks, not all
-    assert diff.mean() >= MIN_RISE and diff.mean() >= MIN_SE * se, (diff.mean(), se)
+    assert c["change"] >= MIN_RISE and c["change"] >= MIN_SE * c["se"], c
