@@ -13,7 +13,11 @@ its standard error over tasks, tasks, attempts, the goal (+0.08 and 3 paired SE 
 or not, per-step train pass rate, reward terms and group diagnostics (groups with equal rewards,
 all passing, all failing; pass rate per suite), the KL to the reference, wall times and the exact
 config; --append keeps the earlier runs of the file under "runs". The plot goes next to it
-(learning.png).
+(learning.png). The record also sorts every training attempt by how it ended (passed; failed
+after a tool error with no file changed; failed with files changed; other), per policy version,
+and counts attempts that called an edit tool more than once (a retry) and how many of those passed.
+
+    python experiments/rl_learning.py --from-run WORKDIR [--out ...]   # the record of a finished run
 """
 from __future__ import annotations
 
@@ -53,6 +57,47 @@ def step_series(rows) -> dict:
             **{k: [r.get(k) for r in steps] for k in keys}}
 
 
+EDIT_TOOLS = ("edit_file", "write_file")
+
+
+def attempt_outcomes(run_dir: str) -> dict:
+    """Training attempts by how they ended, per policy version (the group's start_version), from
+    the run's groups/*.json: passed, failed after a tool error with no file changed, failed with
+    files changed, other; plus attempts with more than one edit-tool call and how many passed."""
+    import glob
+    from collections import defaultdict
+    kinds = ("passed", "failed_tool_error_nothing_changed", "failed_changed_files", "failed_other")
+    per_version = defaultdict(lambda: dict.fromkeys(kinds + ("repeated_edits", "repeated_edits_passed"), 0))
+    skipped = 0
+    for path in sorted(glob.glob(os.path.join(run_dir, "groups", "g*.json"))):
+        try:
+            with open(path) as f:
+                g = json.load(f)
+            trajs, passed, version = g["trajectories"], g["passed"], int(g["start_version"])
+        except (OSError, ValueError, KeyError, TypeError):
+            skipped += 1
+            continue
+        row = per_version[version]
+        for t, ok in zip(trajs, passed):
+            st = t.get("stats", {})
+            edits = sum(int(st.get("tool_calls_by_name", {}).get(k, 0)) for k in EDIT_TOOLS)
+            if ok:
+                kind = "passed"
+            elif int(st.get("lines_changed", 0)) > 0:
+                kind = "failed_changed_files"
+            elif int(st.get("tool_errors", 0)) > 0:
+                kind = "failed_tool_error_nothing_changed"
+            else:
+                kind = "failed_other"
+            row[kind] += 1
+            row["repeated_edits"] += edits > 1
+            row["repeated_edits_passed"] += bool(edits > 1 and ok)
+    versions = sorted(per_version)
+    total = {k: sum(per_version[v][k] for v in versions) for k in per_version[versions[0]]} if versions else {}
+    return {"total": total, "version": versions, **{k: [per_version[v][k] for v in versions] for k in total},
+            "unreadable_group_files": skipped}
+
+
 def record(cfg, run_dir: str, summary: dict, sft: str, wall_s: float, argv) -> dict:
     from c2jax.demo_report import paired_change
     from c2jax.train.metrics import read_metrics
@@ -74,9 +119,29 @@ def record(cfg, run_dir: str, summary: dict, sft: str, wall_s: float, argv) -> d
         "goal": {"change": GOAL_CHANGE, "paired_se": GOAL_SE, "wall_s": GOAL_WALL_S, "met": bool(met)},
         "wall_s": wall_s, "train_wall_s": summary.get("train_wall_s"),
         "per_step": step_series(read_metrics(run_dir)),
+        "attempt_outcomes": attempt_outcomes(run_dir),
         "task_pass_before": before, "task_pass_after": after,
         "config": json.loads(cfg.to_json_best_effort()),
     }
+
+
+def record_of_run(run_dir: str, argv) -> dict:
+    """The record of a finished run directory; its wall time is the first to the last metrics row
+    (the run's own time, without this script's start-up)."""
+    import ml_collections
+    from c2jax.train.metrics import read_metrics
+    try:
+        with open(os.path.join(run_dir, "config.json")) as f:
+            cfg = ml_collections.ConfigDict(json.load(f))
+        with open(os.path.join(run_dir, "summary.json")) as f:
+            summary = json.load(f)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"rl_learning: {run_dir} is not a finished RL run: {e}") from None
+    if len(summary.get("evals", [])) < 2:
+        raise SystemExit(f"rl_learning: {run_dir} has {len(summary.get('evals', []))} held-out evals; needs the "
+                         "first and the last")
+    times = [r["time"] for r in read_metrics(run_dir) if "time" in r]
+    return record(cfg, run_dir, summary, cfg.train.init_from, (max(times) - min(times)) if times else 0.0, argv)
 
 
 def plot(rec: dict, path: str) -> None:
@@ -84,13 +149,22 @@ def plot(rec: dict, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     s = rec["per_step"]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (a, c, b) = plt.subplots(1, 3, figsize=(16, 4))
     for k in ("pass_rate", "groups_zero_spread", "groups_all_fail", "groups_all_pass"):
         if k in s:
             a.plot(s["step"], s[k], marker=".", label=k)
     a.set_xlabel("RL step")
     a.set_title("training groups")
     a.legend(fontsize=8)
+    o = rec.get("attempt_outcomes") or {}
+    if o.get("version"):
+        n = [sum(o[k][i] for k in ("passed", "failed_tool_error_nothing_changed", "failed_changed_files",
+                                   "failed_other")) or 1 for i in range(len(o["version"]))]
+        for k in ("passed", "failed_tool_error_nothing_changed", "failed_changed_files", "repeated_edits"):
+            c.plot(o["version"], [v / t for v, t in zip(o[k], n)], marker=".", label=k)
+        c.set_xlabel("policy version (rollout start)")
+        c.set_title("training attempts by outcome (fraction)")
+        c.legend(fontsize=8)
     x = [0, rec["rl_steps"]]
     b.errorbar(x, [rec["pass_at_1_before"], rec["pass_at_1_after"]],
                yerr=[rec["pass_at_1_se_before"], rec["pass_at_1_se_after"]], marker="o", capsize=4)
@@ -110,22 +184,27 @@ def main(argv=None) -> int:
     ap.add_argument("--workdir", default="runs/rl_learning")
     ap.add_argument("--out", default="experiments/results/rl_harness/learning.json")
     ap.add_argument("--append", action="store_true", help="keep the runs already in --out")
+    ap.add_argument("--from-run", default="", help="write the record of a finished run (its config.json, "
+                    "summary.json, metrics.jsonl, groups/) instead of running one")
     args, overrides = ap.parse_known_args(argv)
     bad = [o for o in overrides if not o.startswith("--config.")]
     if bad:
         ap.error(f"unknown arguments {bad} (config overrides are --config.section.key=value)")
     os.chdir(ROOT)   # configs and the default paths are relative to the checkout
     from c2jax.config import load_config
-    from c2jax.rl.loop import run_rl
-    sft = sft_dir(args)
-    cfg = load_config(args.config, [f"--config.train.init_from={sft}", *overrides])
-    if int(cfg.rl.eval_every) < 0:
-        raise SystemExit("rl_learning: needs the held-out evals before and after (rl.eval_every >= 0)")
-    if os.path.exists(os.path.join(args.workdir, "metrics.jsonl")):
-        raise SystemExit(f"rl_learning: {args.workdir} already holds a run; pass a fresh --workdir")
-    t0 = time.time()
-    summary = run_rl(cfg, args.workdir)
-    rec = record(cfg, args.workdir, summary, sft, time.time() - t0, argv)
+    if args.from_run:
+        rec = record_of_run(args.from_run, argv)
+    else:
+        from c2jax.rl.loop import run_rl
+        sft = sft_dir(args)
+        cfg = load_config(args.config, [f"--config.train.init_from={sft}", *overrides])
+        if int(cfg.rl.eval_every) < 0:
+            raise SystemExit("rl_learning: needs the held-out evals before and after (rl.eval_every >= 0)")
+        if os.path.exists(os.path.join(args.workdir, "metrics.jsonl")):
+            raise SystemExit(f"rl_learning: {args.workdir} already holds a run; pass a fresh --workdir")
+        t0 = time.time()
+        summary = run_rl(cfg, args.workdir)
+        rec = record(cfg, args.workdir, summary, sft, time.time() - t0, argv)
     previous = []
     if args.append and os.path.exists(args.out):
         old = json.load(open(args.out))
