@@ -108,10 +108,13 @@ def record(cfg, run_dir: str, summary: dict, sft: str, wall_s: float, argv) -> d
           "change_in_se": c["change"] / c["se"] if c["se"] else 0.0}
     k = int(cfg.rl.eval_k)
     met = ch["change"] >= GOAL_CHANGE and ch["change_in_se"] >= GOAL_SE and wall_s <= GOAL_WALL_S
+    sft = os.path.relpath(sft, ROOT) if sft.startswith(ROOT) else sft  # no machine paths in the record
+    config = json.loads(cfg.to_json_best_effort())
+    config["train"]["init_from"] = sft
     return {
         "date": datetime.date.today().isoformat(),
         "command": "python experiments/rl_learning.py " + " ".join(argv),
-        "sft": os.path.relpath(sft, ROOT) if sft.startswith(ROOT) else sft,
+        "sft": sft,
         "pass_at_1_before": first["eval/pass_at_1"], "pass_at_1_after": last["eval/pass_at_1"],
         "pass_at_1_se_before": first["eval/pass_at_1_se"], "pass_at_1_se_after": last["eval/pass_at_1_se"],
         f"best_of_{k}_before": first.get(f"eval/best_of_{k}"), f"best_of_{k}_after": last.get(f"eval/best_of_{k}"),
@@ -121,7 +124,7 @@ def record(cfg, run_dir: str, summary: dict, sft: str, wall_s: float, argv) -> d
         "per_step": step_series(read_metrics(run_dir)),
         "attempt_outcomes": attempt_outcomes(run_dir),
         "task_pass_before": before, "task_pass_after": after,
-        "config": json.loads(cfg.to_json_best_effort()),
+        "config": config,
     }
 
 
