@@ -164,7 +164,7 @@ def _main(argv) -> int:
         print(json.dumps(run_rl(cfg, workdir), indent=2, default=str))
         return 0
     if args.command == "compile-check":
-        from c2jax.parallel.compile_check import check, main as compile_report, write_report
+        from c2jax.tools.compile_check import check, main as compile_report, write_report
         report = compile_report(cfg, args.topology)
         if args.report:
             write_report(report, args.report, argv if argv is not None else sys.argv[1:])
