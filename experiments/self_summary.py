@@ -60,6 +60,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from c2jax.agent import summarize as sm  # noqa: E402
 from c2jax.agent.runner import EpisodeConfig, run_episode  # noqa: E402
+from c2jax.agent.long_horizon_policy import make_long_horizon_policy  # noqa: E402
 from c2jax.tasks import long_horizon as lh  # noqa: E402
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "self_summary")
@@ -204,7 +205,7 @@ def _write_transcripts(args, tokenizer, path, stats) -> None:
         pass
     for trig, cfg, part in parts:
         tmp = path + f".{trig}"
-        stats["transcripts"][trig] = sm.write_chain_transcripts(part, lh.make_long_horizon_policy, tokenizer, tmp, cfg,
+        stats["transcripts"][trig] = sm.write_chain_transcripts(part, make_long_horizon_policy, tokenizer, tmp, cfg,
                                                                 Sandbox())
         with open(path, "a") as f, open(tmp) as g:
             f.write(g.read())
@@ -373,7 +374,7 @@ def main(argv=None):
     base = EpisodeConfig(max_turns=args.max_turns, max_new_tokens=args.max_summary_tokens, max_total_tokens=400_000,
                          list_tools_in_system=False, max_tool_output_chars=4000)
     tokenizer, policy_name = None, "scripted LongHorizonPolicy (byte tokens)"
-    factory = lh.make_long_horizon_policy
+    factory = make_long_horizon_policy
     trained = train_pipeline(args) if args.train else None
     model_run = (trained["rl"] or trained["sft"]) if trained else args.model_run
     if trained:
