@@ -114,6 +114,7 @@ def _main(argv) -> int:
     args, overrides = _parse(argv)
     from absl import flags
     flags.FLAGS.mark_as_parsed()
+    import c2jax.sections  # noqa: F401  (the data / eval / rl config sections)
     from c2jax.config import ConfigError, load_config
 
     if args.command == "demo":

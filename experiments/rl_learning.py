@@ -115,6 +115,7 @@ def main(argv=None) -> int:
     if bad:
         ap.error(f"unknown arguments {bad} (config overrides are --config.section.key=value)")
     os.chdir(ROOT)   # configs and the default paths are relative to the checkout
+    import c2jax.sections  # noqa: F401  (the data / eval / rl config sections)
     from c2jax.config import load_config
     from c2jax.rl.loop import run_rl
     sft = sft_dir(args)

@@ -220,6 +220,7 @@ def _sft_seq_len(args) -> int:
 
 
 def _cpt_and_sft(args, out, stats, t0) -> str:
+    import c2jax.sections  # noqa: F401  (the data / eval / rl config sections)
     from c2jax.config import load_config
     from c2jax.data import copy_curriculum as cc
     from c2jax.data.tokenizer import Tokenizer
@@ -290,6 +291,7 @@ def _cpt_and_sft(args, out, stats, t0) -> str:
 
 
 def _rl(args, out, sft_dir, stats, t0):
+    import c2jax.sections  # noqa: F401  (the data / eval / rl config sections)
     from c2jax.config import load_config
     q = args.quick
     rl_dir = None
@@ -382,6 +384,7 @@ def main(argv=None):
     if model_run:
         from c2jax.data.tokenizer import Tokenizer
         from c2jax.pipeline import model_policy_factory
+        import c2jax.sections  # noqa: F401  (the data / eval / rl config sections)
         from c2jax.train.loop import load_run_config, load_run_params
         cfg = load_run_config(model_run)
         tokenizer = Tokenizer.load(model_run)

@@ -191,6 +191,7 @@ def point_spec(name: str) -> dict:
 def c2jax_config(p: dict, layers: int | None, unrolled: bool):
     """The c2jax config of point `p` with `layers` decoder layers (None = the model's), its layer
     stack unrolled (straight-line code) or scanned."""
+    import c2jax.sections  # noqa: F401  (the data / eval / rl config sections)
     from c2jax.config import default_config, load_config_file
     spec = MODELS[p["model"]]
     cfg = default_config()
@@ -223,6 +224,7 @@ def c2jax_config(p: dict, layers: int | None, unrolled: bool):
 
 def c2jax_compile(p: dict, layers: int | None, unrolled: bool, devices) -> dict:
     """Lower + compile c2jax's train step for one depth; the compiler's reports."""
+    import c2jax.sections  # noqa: F401  (the data / eval / rl config sections)
     from c2jax.config import validate
     from c2jax.ops.registry import record_choices
     from c2jax.tools import compile_check as cc

@@ -314,6 +314,7 @@ def c2jax_cfg(p: dict, layers: int | None, unrolled: bool):
 
 
 def c2jax_compile(p: dict, layers: int | None, unrolled: bool, devices) -> dict:
+    import c2jax.sections  # noqa: F401  (the data / eval / rl config sections)
     from c2jax.config import validate
     from c2jax.models import flops_per_token
     from c2jax.ops.registry import record_choices
