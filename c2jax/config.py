@@ -168,9 +168,11 @@ def default_config() -> ml_collections.ConfigDict:
 
 # ----------------------------------------------------------------------------- sections of higher layers
 
-# The sections a full config has beyond model / mesh / train, in the order they appear in it; each
-# is registered by the module that owns it (c2jax.data.config, c2jax.evals.config, c2jax.rl.config).
+# The sections a full config has beyond model / mesh / train, in the order default_config() adds
+# them (a run's config.json keeps it); each is registered by the module that owns it
+# (c2jax.data.config, c2jax.evals.config, c2jax.rl.config). validate() checks rl before data.
 SECTIONS = ("data", "eval", "rl")
+_VALIDATION_ORDER = ("rl", "data", "eval")
 _SECTIONS: dict[str, tuple[Callable[[], ml_collections.ConfigDict], Callable | None]] = {}
 
 
@@ -470,7 +472,8 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int | None = None) -> 
     if "mesh" in cfg:
         validate_mesh(cfg.mesh, cfg.model, num_devices)
     if any(name in cfg for name in SECTIONS):
-        for name in _section_order():
+        order = _section_order()
+        for name in sorted(order, key=lambda n: _VALIDATION_ORDER.index(n) if n in _VALIDATION_ORDER else len(order)):
             check = _SECTIONS[name][1]
             if name in cfg and check is not None:
                 check(cfg[name], cfg)
