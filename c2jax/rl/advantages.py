@@ -18,8 +18,11 @@ import jax.numpy as jnp
 from c2jax.rl.kl import kl_estimate
 
 
-def group_advantages(rewards_PG, std_normalize: bool = False, std_eps: float = 1e-6):
-    """adv = r - mean_group(r); with std_normalize, divided by (std_group(r) + std_eps).
+def group_advantages(rewards_PG, std_normalize: bool = False, std_eps: float = 1e-6,
+                     negative_scale: float = 1.0):
+    """adv = r - mean_group(r); with std_normalize, divided by (std_group(r) + std_eps); then
+    negative advantages are multiplied by negative_scale (1: Dr. GRPO; 0: only the attempts
+    above their group's mean are reinforced).
 
     The std is the population std (ddof 0). A group whose rewards are all equal gets zero
     advantage either way.
@@ -28,6 +31,8 @@ def group_advantages(rewards_PG, std_normalize: bool = False, std_eps: float = 1
     adv_PG = rewards_PG - jnp.mean(rewards_PG, axis=-1, keepdims=True)
     if std_normalize:
         adv_PG = adv_PG / (jnp.std(rewards_PG, axis=-1, keepdims=True) + std_eps)
+    if negative_scale != 1.0:
+        adv_PG = jnp.where(adv_PG < 0, adv_PG * negative_scale, adv_PG)
     return adv_PG
 
 

@@ -119,16 +119,18 @@ def split_chains(trajectories: Sequence[Trajectory], num_chains: int | None = No
     return chains
 
 
-def groups_to_sequences(groups, weights, std_normalize: bool = False, std_eps: float = 1e-6):
+def groups_to_sequences(groups, weights, std_normalize: bool = False, std_eps: float = 1e-6,
+                        negative_scale: float = 1.0):
     """Learner inputs from finished groups (c2jax.rl.store.FinishedGroup, equal sizes G):
     -> (sequences, advantages_B, weights_B, chains). Dr. GRPO advantage per attempt (group mean
     over the G chains, each chain once, however many segments it has), then every sequence of a
     chain carries its chain's advantage and its group's weight. Without chains (every attempt
-    one trajectory) this is exactly the per-trajectory group advantage."""
+    one trajectory) this is exactly the per-trajectory group advantage. negative_scale scales
+    the advantages below zero (`group_advantages`)."""
     from c2jax.rl.advantages import group_advantages
     per_group = [split_chains(g.trajectories, len(g.rewards)) for g in groups]
     rewards_PG = np.asarray([g.rewards for g in groups], np.float32)
-    adv = np.asarray(group_advantages(rewards_PG, std_normalize, std_eps)).reshape(-1)
+    adv = np.asarray(group_advantages(rewards_PG, std_normalize, std_eps, negative_scale)).reshape(-1)
     chains = [c for cs in per_group for c in cs]
     seqs, adv_B = expand_to_sequences(chains, adv)
     w_chain = np.repeat(np.asarray(weights, np.float32), [len(cs) for cs in per_group])

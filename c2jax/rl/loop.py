@@ -216,7 +216,8 @@ def _run_rl(cfg, workdir: str, hooks: dict) -> dict:
             rewards = np.asarray([g.rewards for g in keep], np.float32)         # [P, G]
             # one sequence per trajectory; a self-summarized chain -> one per segment, all with
             # the chain's advantage (the group mean counts each chain once)
-            trajs, adv, w_B, chains = groups_to_sequences(keep, weights, r.std_normalize, r.std_eps)
+            trajs, adv, w_B, chains = groups_to_sequences(keep, weights, r.std_normalize, r.std_eps,
+                                                          r.negative_advantage_scale)
             finals = [c[-1] for c in chains]  # one per attempt: its stats / reward terms cover the episode
             t0 = time.monotonic()
             m = rt.learn(trajs, adv, w_B)

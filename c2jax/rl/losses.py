@@ -36,6 +36,9 @@ def default_rl_loss_config() -> ml_collections.ConfigDict:
     # --- advantages ---
     c.std_normalize = False  # GRPO's division by the group reward std; report: off (Dr. GRPO)
     c.std_eps = 1e-6  # added to the group std when std_normalize is on
+    # scale of the advantages below the group mean: 1 (Dr. GRPO) pushes failed attempts down as
+    # hard as it pulls passing ones up; 0 reinforces only the attempts above the mean (not stated)
+    c.negative_advantage_scale = 1.0
     # --- KL to the reference policy (detached advantage penalty) ---
     c.kl_coef = 1e-3  # beta in adv_t -= beta * sg(kl_t); 0 skips the reference forward (not stated)
     c.kl_estimator = "k1"  # "k1" | "k2" | "k3"; report: k1 (k3's variance explodes with drift)
@@ -75,6 +78,8 @@ def validate_rl_loss_config(cfg) -> None:
         raise ValueError(f"rl.normalizer must be one of {NORMALIZERS}, got {cfg.normalizer!r}")
     if cfg.kl_estimator not in KL_ESTIMATORS:
         raise ValueError(f"rl.kl_estimator must be one of {KL_ESTIMATORS}, got {cfg.kl_estimator!r}")
+    if not 0.0 <= cfg.negative_advantage_scale <= 1.0:
+        raise ValueError(f"rl.negative_advantage_scale must be in [0, 1], got {cfg.negative_advantage_scale}")
     if cfg.is_cap is not None and not cfg.is_cap > 0:
         raise ValueError(f"rl.is_cap must be None or > 0, got {cfg.is_cap}")
     if cfg.constant_normalizer_len < 0:

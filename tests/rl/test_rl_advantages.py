@@ -26,6 +26,17 @@ def test_group_mean_baseline_no_std_by_default():
     np.testing.assert_array_equal(np.sign(std), np.sign(adv[[0, 2]]))
 
 
+def test_negative_scale_shrinks_only_the_attempts_below_their_group_mean():
+    rng = np.random.default_rng(3)
+    r = rng.normal(size=(5, 8))
+    base = np.asarray(group_advantages(r))
+    for scale in (0.0, 0.3):
+        adv = np.asarray(group_advantages(r, negative_scale=scale))
+        np.testing.assert_allclose(adv, np.where(base < 0, scale * base, base), rtol=1e-6)
+    pos = np.asarray(group_advantages(r, std_normalize=True, negative_scale=0.0))
+    assert np.all(pos >= 0) and np.all((pos > 0) == (base > 0))
+
+
 def test_group_by_id_matches_dense_and_handles_ragged():
     rng = np.random.default_rng(0)
     r = rng.normal(size=(3, 4))

@@ -35,9 +35,11 @@ def test_default_config_matches_report_and_validates():
     c = default_rl_loss_config()
     validate_rl_loss_config(c)
     assert c.normalizer == "constant" and not c.std_normalize and c.kl_estimator == "k1"
-    assert not c.mask_overlong and c.is_cap is None
+    assert not c.mask_overlong and c.is_cap is None and c.negative_advantage_scale == 1.0
     with pytest.raises(ValueError, match="rl.normalizer"):
         cfg_with(normalizer="bad")
+    with pytest.raises(ValueError, match="rl.negative_advantage_scale"):
+        cfg_with(negative_advantage_scale=-0.5)
 
 
 def test_step0_invariants_reinforce_gradient():
