@@ -114,6 +114,7 @@ def _main(argv) -> int:
     args, overrides = _parse(argv)
     from absl import flags
     flags.FLAGS.mark_as_parsed()
+    import c2jax.sections  # noqa: F401  (the data / eval / rl config sections)
     from c2jax.config import ConfigError, load_config
 
     if args.command == "demo":
@@ -164,7 +165,7 @@ def _main(argv) -> int:
         print(json.dumps(run_rl(cfg, workdir), indent=2, default=str))
         return 0
     if args.command == "compile-check":
-        from c2jax.parallel.compile_check import check, main as compile_report, write_report
+        from c2jax.tools.compile_check import check, main as compile_report, write_report
         report = compile_report(cfg, args.topology)
         if args.report:
             write_report(report, args.report, argv if argv is not None else sys.argv[1:])

@@ -1,8 +1,16 @@
 """Config loading (ml_collections `get_config(arg)` files), CLI overrides and validation.
 
 A config file defines `get_config(arg: str | None) -> ConfigDict`. Every field has a default
-here (`default_config`) with a one-line comment; presets override only what differs.
-Validation runs before anything compiles and names the offending field.
+with a one-line comment; presets override only what differs. Validation runs before anything
+compiles and names the offending field.
+
+This module is low in the layers (docs/ARCHITECTURE.md): it defines the sections every layer
+reads (model, mesh, train) and imports nothing above it. The sections that belong to higher
+layers (data, eval, rl) register themselves here when their module is imported
+(`register_section` in c2jax.data.config, c2jax.evals.config, c2jax.rl.config);
+`import c2jax.sections` imports them all, and entry points (the CLI, c2jax.pipeline, scripts,
+tests/conftest.py) do so before they build a config. `default_config()` and `validate()` raise a
+ConfigError saying so when one of SECTIONS is not registered.
 """
 from __future__ import annotations
 
@@ -10,7 +18,7 @@ import ast
 import importlib.util
 import math
 import os
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import ml_collections
 
@@ -153,13 +161,37 @@ def default_config() -> ml_collections.ConfigDict:
     t.peak_flops = 0.0                 # per-device peak FLOP/s for MFU (0 = measure an XLA matmul)
     t.async_checkpoint = True          # orbax async saves
     c.train = t
-    from c2jax.data.config import get_config as data_config
-    c.data = data_config()
-    from c2jax.evals.benchmark import eval_defaults
-    c.eval = eval_defaults()
-    from c2jax.rl.config import rl_defaults
-    c.rl = rl_defaults()
+    for name in _section_order():
+        c[name] = _SECTIONS[name][0]()
     return c
+
+
+# ----------------------------------------------------------------------------- sections of higher layers
+
+# The sections a full config has beyond model / mesh / train, in the order default_config() adds
+# them (a run's config.json keeps it); each is registered by the module that owns it
+# (c2jax.data.config, c2jax.evals.config, c2jax.rl.config). validate() checks rl before data.
+SECTIONS = ("data", "eval", "rl")
+_VALIDATION_ORDER = ("rl", "data", "eval")
+_SECTIONS: dict[str, tuple[Callable[[], ml_collections.ConfigDict], Callable | None]] = {}
+
+
+def register_section(name: str, defaults_fn: Callable[[], ml_collections.ConfigDict],
+                     validate_fn: Callable[[ml_collections.ConfigDict, ml_collections.ConfigDict], None] | None = None
+                     ) -> None:
+    """Make `cfg.<name>` part of default_config() (from defaults_fn()) and of validate()
+    (validate_fn(cfg.<name>, cfg), raising ConfigError naming the field). Called once at import
+    by the module that owns the section; registering a name again replaces it."""
+    _SECTIONS[name] = (defaults_fn, validate_fn)
+
+
+def _section_order() -> list[str]:
+    missing = [n for n in SECTIONS if n not in _SECTIONS]
+    if missing:
+        raise ConfigError(f"config section(s) {missing} are not registered: `import c2jax.sections` (it imports "
+                          f"c2jax.data.config, c2jax.evals.config and c2jax.rl.config) before building or "
+                          f"validating a config")
+    return list(SECTIONS) + [n for n in _SECTIONS if n not in SECTIONS]
 
 
 # ----------------------------------------------------------------------------- loading
@@ -439,15 +471,12 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int | None = None) -> 
     validate_model(cfg.model)
     if "mesh" in cfg:
         validate_mesh(cfg.mesh, cfg.model, num_devices)
-    if "rl" in cfg:
-        from c2jax.rl.config import validate_rl
-        validate_rl(cfg.rl, cfg.model)
-    if "data" in cfg:
-        from c2jax.data.config import validate as validate_data
-        try:
-            validate_data(cfg.data)
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
+    if any(name in cfg for name in SECTIONS):
+        order = _section_order()
+        for name in sorted(order, key=lambda n: _VALIDATION_ORDER.index(n) if n in _VALIDATION_ORDER else len(order)):
+            check = _SECTIONS[name][1]
+            if name in cfg and check is not None:
+                check(cfg[name], cfg)
     if "train" in cfg:
         t = cfg.train
         if "stage" in t:

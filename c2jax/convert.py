@@ -45,6 +45,7 @@ class Progress:
 
 def hf_to_orbax(src: str, dst: str, dtype: str | None = None, mtp: bool | None = None) -> dict:
     """Import an HF checkpoint into a c2jax run directory; returns a summary."""
+    import c2jax.sections  # noqa: F401  (the data / eval / rl config sections)
     from c2jax import hf
     from c2jax.config import default_config
     from c2jax.train.checkpoint import Checkpointer

@@ -11,6 +11,7 @@ from c2jax.agent import chat_format as cf
 from c2jax.agent.policy import OraclePolicy, SamplerPolicy, TextPolicy
 from c2jax.agent.runner import EpisodeConfig, run_episodes
 from c2jax.agent.sandbox import Sandbox
+import c2jax.sections  # noqa: F401  (the data / eval / rl config sections)
 from c2jax.config import load_config
 from c2jax.data.pipeline import token_record
 from c2jax.data.tokenizer import Tokenizer

@@ -63,6 +63,7 @@ class PointResult:
 
 def load_sweep(path: str):
     """Import `path[:arg]` and return its get_config(arg) (or get_config())."""
+    import c2jax.sections  # noqa: F401  (the data / eval / rl config sections)
     from c2jax.config import call_config_file
     return call_config_file(path)
 

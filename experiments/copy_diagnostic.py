@@ -35,6 +35,7 @@ def main(argv=None) -> int:
     from c2jax.data.pipeline import read_chats_jsonl
     from c2jax.data.tokenizer import Tokenizer
     from c2jax.models.transformer import forward
+    import c2jax.sections  # noqa: F401  (the data / eval / rl config sections)
     from c2jax.train.loop import load_run_config, load_run_params
     from c2jax.train.step import token_nll
     cfg = load_run_config(args.run)

@@ -48,6 +48,7 @@ def shared_dir(point_dir: str) -> str:
 
 def prepare_shared(shared: str, cpt_spec: str = "configs/stages/cpt.py:tiny") -> dict:
     """The tokenizer every point uses and the SFT transcripts (oracle episodes) in its ids."""
+    import c2jax.sections  # noqa: F401  (the data / eval / rl config sections)
     from c2jax.config import load_config
     from c2jax.data.pipeline import load_corpus_and_tokenizer
     from c2jax.pipeline import write_oracle_transcripts
@@ -67,6 +68,7 @@ def prepare_shared(shared: str, cpt_spec: str = "configs/stages/cpt.py:tiny") ->
 
 def run_point(spec: str, workdir: str, overrides: list[str]) -> int:
     import numpy as np
+    import c2jax.sections  # noqa: F401  (the data / eval / rl config sections)
     from c2jax.config import load_config
     from c2jax.rl.loop import run_rl
     from c2jax.train.loop import run_training

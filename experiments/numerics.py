@@ -51,6 +51,7 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
 
+import c2jax.sections  # noqa: E402,F401  (the data / eval / rl config sections)
 from c2jax.config import load_config  # noqa: E402
 
 TINY = os.path.join(ROOT, "configs", "tiny.py")

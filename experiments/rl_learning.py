@@ -194,6 +194,7 @@ def main(argv=None) -> int:
     if bad:
         ap.error(f"unknown arguments {bad} (config overrides are --config.section.key=value)")
     os.chdir(ROOT)   # configs and the default paths are relative to the checkout
+    import c2jax.sections  # noqa: F401  (the data / eval / rl config sections)
     from c2jax.config import load_config
     if args.from_run:
         rec = record_of_run(args.from_run, argv)

@@ -144,6 +144,7 @@ def main(argv=None):
     flags.FLAGS.mark_as_parsed()
     enable_compile_cache()
     import c2jax.rl.loop as loop
+    import c2jax.sections  # noqa: F401  (the data / eval / rl config sections)
     from c2jax.config import load_config
     cfg = load_config(spec, overrides)
     if cfg.rl.env != "toy":

@@ -60,6 +60,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from c2jax.agent import summarize as sm  # noqa: E402
 from c2jax.agent.runner import EpisodeConfig, run_episode  # noqa: E402
+from c2jax.agent.long_horizon_policy import make_long_horizon_policy  # noqa: E402
 from c2jax.tasks import long_horizon as lh  # noqa: E402
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "self_summary")
@@ -204,7 +205,7 @@ def _write_transcripts(args, tokenizer, path, stats) -> None:
         pass
     for trig, cfg, part in parts:
         tmp = path + f".{trig}"
-        stats["transcripts"][trig] = sm.write_chain_transcripts(part, lh.make_long_horizon_policy, tokenizer, tmp, cfg,
+        stats["transcripts"][trig] = sm.write_chain_transcripts(part, make_long_horizon_policy, tokenizer, tmp, cfg,
                                                                 Sandbox())
         with open(path, "a") as f, open(tmp) as g:
             f.write(g.read())
@@ -219,6 +220,7 @@ def _sft_seq_len(args) -> int:
 
 
 def _cpt_and_sft(args, out, stats, t0) -> str:
+    import c2jax.sections  # noqa: F401  (the data / eval / rl config sections)
     from c2jax.config import load_config
     from c2jax.data import copy_curriculum as cc
     from c2jax.data.tokenizer import Tokenizer
@@ -289,6 +291,7 @@ def _cpt_and_sft(args, out, stats, t0) -> str:
 
 
 def _rl(args, out, sft_dir, stats, t0):
+    import c2jax.sections  # noqa: F401  (the data / eval / rl config sections)
     from c2jax.config import load_config
     q = args.quick
     rl_dir = None
@@ -373,7 +376,7 @@ def main(argv=None):
     base = EpisodeConfig(max_turns=args.max_turns, max_new_tokens=args.max_summary_tokens, max_total_tokens=400_000,
                          list_tools_in_system=False, max_tool_output_chars=4000)
     tokenizer, policy_name = None, "scripted LongHorizonPolicy (byte tokens)"
-    factory = lh.make_long_horizon_policy
+    factory = make_long_horizon_policy
     trained = train_pipeline(args) if args.train else None
     model_run = (trained["rl"] or trained["sft"]) if trained else args.model_run
     if trained:
@@ -381,6 +384,7 @@ def main(argv=None):
     if model_run:
         from c2jax.data.tokenizer import Tokenizer
         from c2jax.pipeline import model_policy_factory
+        import c2jax.sections  # noqa: F401  (the data / eval / rl config sections)
         from c2jax.train.loop import load_run_config, load_run_params
         cfg = load_run_config(model_run)
         tokenizer = Tokenizer.load(model_run)

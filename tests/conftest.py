@@ -7,6 +7,8 @@ from absl import flags  # noqa: E402
 
 flags.FLAGS.mark_as_parsed()  # grain reads absl flags outside an absl app
 
+import c2jax.sections  # noqa: E402,F401  (registers the data / eval / rl config sections)
+
 import shutil  # noqa: E402
 
 import pytest  # noqa: E402

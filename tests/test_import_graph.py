@@ -1,4 +1,6 @@
-"""The import graph of c2jax and pallas_kernels: no cycles, and the layers of DESIGN.md hold.
+"""The import graph of c2jax and pallas_kernels: no cycles among modules or packages, and the
+layers of docs/ARCHITECTURE.md hold (its two tables are parsed here: the layer list, lowest first,
+and the lower layers a node must still not import).
 
 A static walk (ast; nothing is imported) of every module under c2jax/ and pallas_kernels/. Every
 import of one of their modules counts, at module level or inside a function (a lazy import still
@@ -7,12 +9,17 @@ resolves to module a.b.c when c is a submodule, else to a.b; importing a package
 __init__. Importing a submodule also runs its parent packages' __init__ files, but those implicit
 edges are not counted: a package __init__ that re-exports its submodules forms a cycle with them
 only where a submodule names the package itself (`from c2jax.models import forward`).
+
+The package graph has one node per first-level subpackage of c2jax (c2jax.ops), top-level module
+(c2jax.config), the root package (c2jax) and pallas_kernels; an edge a -> b for every module
+import from inside a to inside b, shown with the file:line of the import.
 """
 from __future__ import annotations
 
 import ast
 import json
 import os
+import re
 import subprocess
 import sys
 from collections import deque
@@ -22,6 +29,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGES = ("c2jax", "pallas_kernels")
+ARCHITECTURE = os.path.join("docs", "ARCHITECTURE.md")
 
 
 @dataclass(frozen=True)
@@ -219,36 +227,68 @@ def format_chain(chain: list[Edge]) -> str:
     return chain[0].src + "".join(f" -> {e.dst} ({e.path}:{e.line})" for e in chain)
 
 
-# Layers (DESIGN.md): importer prefix -> prefixes it must not import, with the reason.
-_MODEL_FORBIDDEN = ("c2jax.backends", "c2jax.platform", "c2jax.sampling", "c2jax.train", "c2jax.rl",
-                    "c2jax.agent", "c2jax.tasks", "c2jax.evals", "pallas_kernels")
-LAYER_RULES = (
-    ("pallas_kernels", ("c2jax",), "kernels know no model"),
-    ("c2jax.models", _MODEL_FORBIDDEN, "the model calls c2jax.ops, which chooses kernels and backends"),
-    ("c2jax.sampling", ("c2jax.train",), "the sampler never imports the trainer"),
-    ("c2jax.train", ("c2jax.agent", "c2jax.tasks", "c2jax.sampling"), "the trainer never imports the harness"),
-)
-# What tasks may use of the harness (see c2jax/agent/__init__.py): the protocol a task satisfies,
-# the sandbox / workspace a verifier runs in, and what a task's scripted agent speaks (the chat
-# format, the policy protocol). runner, policy, summarize and tools are the harness's insides.
-AGENT_PUBLIC = ("c2jax.agent", "c2jax.agent.task_protocol", "c2jax.agent.policy_protocol", "c2jax.agent.chat_format",
-                "c2jax.agent.workspace", "c2jax.agent.sandbox")
+def package_of(module: str) -> str:
+    """The package-graph node of a module: pallas_kernels, c2jax (the root), or c2jax.<first part>."""
+    parts = module.split(".")
+    if parts[0] != "c2jax":
+        return parts[0]
+    return "c2jax" if len(parts) == 1 else f"c2jax.{parts[1]}"
 
 
-def _under(name: str, prefix: str) -> bool:
-    return name == prefix or name.startswith(prefix + ".")
+def package_edges(edges: list[Edge]) -> list[Edge]:
+    """The module edges that cross packages, as edges between package nodes (each keeps the
+    file:line of its import)."""
+    return [Edge(package_of(e.src), package_of(e.dst), e.path, e.line) for e in edges
+            if package_of(e.src) != package_of(e.dst)]
 
 
-def layer_violations(edges: list[Edge]) -> list[str]:
-    """Imports that break LAYER_RULES or reach into the harness's internals from c2jax.tasks."""
+def _table(text: str, name: str) -> list[list[str]]:
+    """Rows (cells) of the markdown table between `<!-- name` and `<!-- /name -->`."""
+    m = re.search(rf"<!-- {name}\b.*?-->(.*?)<!-- /{name} -->", text, re.S)
+    if not m:
+        raise AssertionError(f"{ARCHITECTURE} has no <!-- {name} --> ... <!-- /{name} --> table")
+    rows = []
+    for line in m.group(1).strip().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) > 1 and not set(cells[0]) <= set("-: "):
+            rows.append(cells)
+    return rows[1:]   # past the header row
+
+
+def _names(cell: str) -> list[str]:
+    return re.findall(r"`([A-Za-z_][\w.]*)`", cell)
+
+
+def architecture_layers(root: str = ROOT):
+    """(layers: [(number, name, [nodes])] lowest first, forbidden: [(node, [nodes], why)]), as
+    docs/ARCHITECTURE.md's tables state them."""
+    with open(os.path.join(root, ARCHITECTURE)) as f:
+        text = f.read()
+    layers = [(int(r[0]), r[1], _names(r[2])) for r in _table(text, "import-layers")]
+    forbidden = [(_names(r[0])[0], _names(r[1]), r[2]) for r in _table(text, "import-forbidden")]
+    return layers, forbidden
+
+
+def layer_violations(edges: list[Edge], layers, forbidden) -> list[str]:
+    """Package edges that go to the node's own layer or a higher one, or to a node it must not
+    import; nodes no layer lists."""
+    rank = {node: n for n, _, nodes in layers for node in nodes}
     out = []
-    for e in edges:
-        for importer, forbidden, why in LAYER_RULES:
-            if _under(e.src, importer) and any(_under(e.dst, f) for f in forbidden):
+    nodes = {package_of(e.src) for e in edges} | {package_of(e.dst) for e in edges}
+    for node in sorted(nodes - set(rank)):
+        out.append(f"{node} is in no layer of {ARCHITECTURE}: add it to the layer table")
+    for e in package_edges(edges):
+        if e.src in rank and e.dst in rank and rank[e.dst] >= rank[e.src]:
+            where = "its own layer" if rank[e.dst] == rank[e.src] else "a higher layer"
+            out.append(f"{e.src} (layer {rank[e.src]}) -> {e.dst} (layer {rank[e.dst]}, {where}) ({e.path}:{e.line})")
+        for node, banned, why in forbidden:
+            if e.src == node and any(e.dst == b or e.dst.startswith(b + ".") for b in banned):
                 out.append(f"{e.src} -> {e.dst} ({e.path}:{e.line}): {why}")
-        if _under(e.src, "c2jax.tasks") and _under(e.dst, "c2jax.agent") and e.dst not in AGENT_PUBLIC:
-            out.append(f"{e.src} -> {e.dst} ({e.path}:{e.line}): tasks use only the harness's public "
-                       f"modules {', '.join(AGENT_PUBLIC)}")
+    for e in edges:   # pallas_kernels -> c2jax: the root package itself counts too
+        for node, banned, why in forbidden:
+            if package_of(e.src) == node and package_of(e.dst) != node and "c2jax" in banned \
+                    and e.dst.split(".")[0] == "c2jax":
+                out.append(f"{e.src} -> {e.dst} ({e.path}:{e.line}): {why}")
     return sorted(set(out))
 
 
@@ -271,15 +311,53 @@ def test_walk_sees_lazy_imports_and_skips_type_checking(tmp_path):
                       ("c2jax.a", "c2jax.c", "c2jax.sub.b", "c2jax.a")}
 
 
+def test_package_graph_and_layers_on_a_toy_tree(tmp_path):
+    (tmp_path / "c2jax" / "low").mkdir(parents=True)
+    (tmp_path / "c2jax" / "high").mkdir()
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "c2jax" / "__init__.py").write_text("")
+    (tmp_path / "c2jax" / "base.py").write_text("")
+    (tmp_path / "c2jax" / "low" / "__init__.py").write_text("")
+    (tmp_path / "c2jax" / "low" / "a.py").write_text("import c2jax.base\ndef f():\n    from c2jax.high import b\n")
+    (tmp_path / "c2jax" / "high" / "__init__.py").write_text("")
+    (tmp_path / "c2jax" / "high" / "b.py").write_text("from c2jax.low import a\n")
+    (tmp_path / "docs" / "ARCHITECTURE.md").write_text(
+        "<!-- import-layers -->\n| # | layer | nodes | what |\n|---|---|---|---|\n"
+        "| 1 | base | `c2jax` `c2jax.base` | x |\n| 2 | low | `c2jax.low` | x |\n| 3 | high | `c2jax.high` | x |\n"
+        "<!-- /import-layers -->\n<!-- import-forbidden -->\n| node | must not | why |\n|---|---|---|\n"
+        "| `c2jax.high` | `c2jax.base` | no reason |\n<!-- /import-forbidden -->\n")
+    edges = import_graph(str(tmp_path))
+    cycles = [format_chain(c) for c in find_cycles(package_edges(edges))]
+    assert cycles == ["c2jax.high -> c2jax.low (c2jax/high/b.py:1) -> c2jax.high (c2jax/low/a.py:3)"]
+    layers, forbidden = architecture_layers(str(tmp_path))
+    assert [n for _, _, n in layers] == [["c2jax", "c2jax.base"], ["c2jax.low"], ["c2jax.high"]]
+    assert forbidden == [("c2jax.high", ["c2jax.base"], "no reason")]
+    assert layer_violations(edges, layers, forbidden) == [
+        "c2jax.low (layer 2) -> c2jax.high (layer 3, a higher layer) (c2jax/low/a.py:3)"]
+
+
 def test_no_import_cycles():
     cycles = find_cycles(import_graph())
     assert not cycles, (f"{len(cycles)} import cycle(s); move the shared piece into a module both import:\n  "
                         + "\n  ".join(format_chain(c) for c in cycles))
 
 
-def test_layering():
-    bad = layer_violations(import_graph())
-    assert not bad, f"{len(bad)} import(s) break the layers of DESIGN.md:\n  " + "\n  ".join(bad)
+def test_no_package_cycles():
+    cycles = find_cycles(package_edges(import_graph()))
+    assert not cycles, (f"{len(cycles)} package import cycle(s); move the shared piece down a layer or pass it in "
+                        f"(see {ARCHITECTURE}):\n  " + "\n  ".join(format_chain(c) for c in cycles))
+
+
+def test_layers_of_architecture_md():
+    layers, forbidden = architecture_layers()
+    assert [n for n, _, _ in layers] == list(range(1, len(layers) + 1)), "layers are numbered 1, 2, ... lowest first"
+    listed = [node for _, _, nodes in layers for node in nodes]
+    assert len(listed) == len(set(listed)), f"a node is in two layers of {ARCHITECTURE}"
+    modules = discover_modules()
+    bad = layer_violations(import_graph(), layers, forbidden)
+    assert not bad, f"{len(bad)} import(s) break the layers of {ARCHITECTURE}:\n  " + "\n  ".join(bad)
+    assert set(listed) == {package_of(m) for m in modules}, (
+        f"{ARCHITECTURE} lists nodes that do not exist: {sorted(set(listed) - {package_of(m) for m in modules})}")
 
 
 _MALLOC_PROBE = r"""

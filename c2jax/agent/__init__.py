@@ -11,8 +11,8 @@
                   run_episodes(tasks, policy_factory, ..., concurrency=8)
   summarize       self-summarization and its baselines (context hooks for the runner)
   task_protocol   what the harness needs from a task (c2jax.tasks.base.Task satisfies it)
+  long_horizon_policy  the scripted agent for c2jax.tasks.long_horizon
 
-Public interface (what c2jax.tasks may import; tests/test_import_graph.py checks it):
-task_protocol, policy_protocol, chat_format, sandbox, workspace. The rest (tools, policy, runner,
-summarize) are the harness's insides.
+The harness sits above c2jax.tasks and c2jax.data (docs/ARCHITECTURE.md): tasks import nothing
+of it (their graders read trees through c2jax.filetree, which workspace uses too).
 """

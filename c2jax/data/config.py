@@ -6,7 +6,9 @@ from typing import Any
 
 import ml_collections
 
+from c2jax.config import register_section
 from c2jax.data.corpus import CorpusError, CorpusSpec
+from c2jax.errors import ConfigError
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -63,3 +65,13 @@ def validate(cfg: Any, *, prefix: str = "data") -> None:
         raise ValueError(f"{prefix}.read_threads={cfg.read_threads}: must be >= 1")
     if cfg.codebase_stride < 0 or cfg.codebase_max_tokens < 0:
         raise ValueError(f"{prefix}.codebase_stride / codebase_max_tokens must be >= 0")
+
+
+def _validate_section(data, cfg) -> None:
+    try:
+        validate(data)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+register_section("data", get_config, _validate_section)

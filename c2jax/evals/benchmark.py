@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from c2jax.agent.runner import EpisodeConfig, EpisodeResult, exception_metrics, run_episodes
+from c2jax.evals.config import eval_defaults
 from c2jax.progress import Heartbeat
 from c2jax.tasks.base import diff_line_counts
 
@@ -201,28 +202,6 @@ def _jsonable(x):
 
 
 # ----- config-driven entry (`python -m c2jax eval --config ... --workdir ...`) ------------------
-def eval_defaults():
-    """Defaults of `config.eval` (c2jax.config merges them into the config)."""
-    import ml_collections
-    e = ml_collections.ConfigDict()
-    e.suites = ("synthetic:1",)        # c2jax.tasks.load_suite names
-    e.split = "heldout"                # task split to evaluate
-    e.n_per_suite = 20                 # tasks per suite (0: the suite's default size)
-    e.seed = 0                         # task order / selection seed
-    e.passes = 2                       # attempts per task (accuracy mean, pass@k)
-    e.policy = "oracle"                # "oracle" | "do_nothing" | "model" (needs a policy_factory)
-    e.concurrency = 8                  # episodes in flight
-    e.max_turns = 32                   # assistant messages per episode
-    e.max_total_tokens = 262_144       # context budget per episode
-    e.max_new_tokens = 32_768          # per assistant message (a 16 KB write_file fits)
-    e.run_timeout_s = 30.0             # cap on run / run_tests tool calls
-    e.active_params = 0.0              # active parameters for the FLOPs estimate (0: omit)
-    e.model_run = ""                   # run directory whose model is evaluated when policy == "model"
-    e.temperature = 1.0                # sampling temperature of the model policy
-    e.speculative = "auto"             # MTP speculative decoding of the model policy: "auto" | "mtp" | "none" (Sampler)
-    return e
-
-
 def _load_suite(name: str, e) -> list:
     """load_suite, with a ConfigError naming eval.suites / eval.split for a name it does not know."""
     from c2jax.errors import ConfigError

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from c2jax.config import default_config, validate_model
+from c2jax.config import model_defaults, validate_model
 from c2jax.hf.errors import CheckpointError
 from c2jax.models.transformer import model_cfg
 
@@ -40,7 +40,7 @@ def config_from_hf(hf: dict) -> ml_collections.ConfigDict:
         raise CheckpointError(f"unsupported model_type {mt!r}; c2jax imports {list(SUPPORTED)}")
     if hf.get("hidden_act", "silu") != "silu":
         raise CheckpointError(f"unsupported hidden_act {hf['hidden_act']!r} (only silu)")
-    m = default_config().model
+    m = model_defaults()
     m.name = f"hf:{mt}"
     m.vocab_size = hf["vocab_size"]
     m.hidden_size = hf["hidden_size"]

@@ -19,7 +19,8 @@ from c2jax.models.layers import (Linear, LinearWeights, RMSNorm, apply_rope, dty
                                  rope_tables, rotate, softmax_scale)
 from c2jax.ops.attention_xla import (DECODE_MAX_QUERIES, attention_mask, causal_block_attention,  # noqa: F401
                                      dot_product_attention, mla_absorbed_attention)
-from c2jax.parallel import context as cp
+from c2jax.ops import attention_cp as cp
+from c2jax.parallel.context import cp_active
 
 
 def _cp_prefill(L: int) -> bool:
@@ -115,7 +116,7 @@ class MLAAttention(nn.Module):
         kv_b_CHX = kv_b.astype(dt).reshape(C, H, N + O)
         scale = softmax_scale(N + R, m)
         # context parallelism when the mesh has a context axis > 1
-        if cache is None and cp.cp_active(L):
+        if cache is None and cp_active(L):
             out = attention_ops.mla_context_attention(kn, q_nope, q_rope, latent_BLC, k_rope_BLR, kv_b_CHX,
                                                       positions_BL, segment_ids_BL, scale, dt)
             new_cache = None

@@ -133,7 +133,7 @@ class MoE(nn.Module):
 
     @nn.compact
     def __call__(self, x_BLD, forced_ids_BLK=None, stacked=None):
-        """stacked: cpu_moe.LayerExperts, this layer's expert weights as a layer of the scanned
+        """stacked: c2jax.ops.stacked.LayerExperts, this layer's expert weights as a layer of the scanned
         model's stacks (the CPU kernel reads them in place); None elsewhere."""
         m = self.cfg
         dt, pdt = dtype_of(m.dtype), dtype_of(m.param_dtype)

@@ -243,7 +243,7 @@ class Transformer(nn.Module):
 
     def _expert_stacks(self):
         """The MoE layers' stacked (w_gate, w_up, w_down) params, for the CPU expert kernel to read
-        a layer in place (cpu_moe.LayerExperts); None at init, when the layers compute in another
+        a layer in place (c2jax.ops.stacked.LayerExperts); None at init, when the layers compute in another
         dtype than the params (they use cast copies), or when they are stored prepared."""
         m = self.cfg
         if self.is_initializing() or dtype_of(m.dtype) != dtype_of(m.param_dtype):

@@ -6,8 +6,11 @@ named implementations with `supported(target, **spec) -> reason | None`; the con
 name = that implementation or an error with its reason. The target comes from the active mesh's
 devices (c2jax.ops.target). `python -m c2jax.ops` lists the implementations.
 
-This package's __init__ imports no op module (they import c2jax.parallel, which imports the
-leaf modules here); import the op modules themselves: `from c2jax.ops import experts`.
+How an op runs across a mesh is part of its implementation: attention_cp (attention under
+context parallelism), experts_ep (expert-parallel and token-parallel MoE dispatch) and ragged
+(the EP exchange's ragged all-to-all) sit here, above c2jax.parallel's mesh, rules and layouts.
+This package's __init__ imports only the registry and the target, no op module; import the op
+modules themselves: `from c2jax.ops import experts` (load_all imports every one).
 """
 from c2jax.ops.registry import OPS, KernelUnavailable, kernels_choice, record_choices  # noqa: F401
 from c2jax.ops.target import Target, current_target, target_of_mesh  # noqa: F401

@@ -1,8 +1,8 @@
 """Attention ops: `attention` (training and prefill self-attention over packed rows) and
 `decode_attention` (a few new queries per row against a KV cache), each one registry.
 
-Under a context-parallel mesh the sequence layouts of c2jax.parallel.context run, and the chosen
-implementation attends each rank's queries against the gathered keys by explicit positions and
+Under a context-parallel mesh (the layout of c2jax.parallel.context) c2jax.ops.attention_cp
+runs, and the chosen implementation attends each rank's queries against the gathered keys by explicit positions and
 segments (the flash kernel, or XLA's masked product in query chunks); on other multi-device
 meshes a Mosaic kernel runs inside a shard_map over the batch axes (GSPMD cannot partition a
 custom call).
@@ -20,7 +20,8 @@ from c2jax.ops import attention_xla as xla
 from c2jax.ops.attention_xla import DECODE_MAX_QUERIES, attention_mask
 from c2jax.ops.registry import define_op, kernels_choice
 from c2jax.ops.target import Target, current_target, narrow_vectors, one_cpu_device
-from c2jax.parallel import context as cp
+from c2jax.ops import attention_cp as cp
+from c2jax.parallel.context import cp_active, cp_impl
 from c2jax.parallel.mesh import row_axes, spec_entry
 
 ATTENTION = define_op("attention", {
@@ -143,8 +144,8 @@ _GATHERED = {"pallas_flash": _flash_gathered("pallas"), "pallas_flash_interpret"
 
 def _select(kernels, L: int, **operands):
     target = current_target()
-    cp_on = cp.cp_active(L)
-    ring = cp_on and cp.cp_impl() == "ring"
+    cp_on = cp_active(L)
+    ring = cp_on and cp_impl() == "ring"
     impl = ATTENTION.select(kernels_choice(kernels, "attention"), target, cp=cp_on, ring=ring, **operands)
     return impl, target, cp_on, _GATHERED.get(impl.name, cp.masked_local_attention)
 
@@ -160,7 +161,7 @@ def attention(kernels, q_BLHP, k_BLGP, v_BLGO, positions_BL, segment_ids_BL, sca
 
 def mla_context_attention(kernels, q_nope_BLHN, q_rope_BLHR, latent_BLC, k_rope_BLR, kv_b_CHX, positions_BL,
                           segment_ids_BL, scale: float, dtype):
-    """MLA training attention under context parallelism (c2jax.parallel.context gathers the
+    """MLA training attention under context parallelism (c2jax.ops.attention_cp gathers the
     latents and up-projects them per rank) with the chosen local attention -> [B, L, H, O]."""
     B, L, H, N = q_nope_BLHN.shape
     R, O = q_rope_BLHR.shape[-1], kv_b_CHX.shape[-1] - N

@@ -3,17 +3,17 @@
 One call site (c2jax.models.moe.MoE). `capacity_factor=None` asks for dropless dispatch (every
 forward outside an opted-in training choice); a factor lets each expert drop assignments past its
 capacity (the dropped fraction is returned). Under an expert-parallel mesh the tokens travel to
-their experts' devices (c2jax.parallel.experts) and the chosen grouped kernel runs there; on
+their experts' devices (c2jax.ops.experts_ep) and the chosen grouped kernel runs there; on
 other multi-device meshes a Pallas kernel runs inside a shard_map over the token axes.
 
 Letters: T tokens, D width, E experts, K experts per token, F expert width, B batch, L length.
 """
 from __future__ import annotations
 
+from c2jax.ops import experts_ep as ep
 from c2jax.ops import experts_xla as xla
 from c2jax.ops.registry import define_op, kernels_choice
 from c2jax.ops.target import Target, current_target, narrow_vectors, one_cpu_device
-from c2jax.parallel import experts as ep
 
 EXPERTS = define_op("experts", {
     "tpu": ("pallas_gmm",),

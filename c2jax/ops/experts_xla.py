@@ -14,6 +14,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from c2jax.backends.cpu.kernels import ffn_column_split  # the CPU decode layouts' column split
+
 # ----------------------------------------------------------------------------- dispatch
 
 
@@ -145,16 +147,6 @@ def shard_experts(w_gate_EDF, w_up_EDF, w_down_EFD, mesh, split: str | None = No
         return ShardedExperts([(wgu_nPD2F[:, j], wd_nPFD[:, j]) for j in range(E // n)], mesh, "expert")
     raise ValueError(f"cannot split {E} experts of hidden size {F} over {n} devices by {split!r}: "
                      f"'ffn' needs {n} to divide {F}, 'expert' needs {n} to divide {E}")
-
-
-def ffn_column_split(w_gate_EDF, w_up_EDF, w_down_EFD, n: int):
-    """Every expert's hidden columns split n ways (n | F, f = F / n): (w_gate_up [n, E, D, 2f],
-    device d's gate columns [d f, (d + 1) f) then its up columns; w_down [n, E, f, D], the same
-    rows)."""
-    E, D, F = w_gate_EDF.shape
-    f = F // n
-    gate_nEDf, up_nEDf = (w.reshape(E, D, n, f).transpose(2, 0, 1, 3) for w in (w_gate_EDF, w_up_EDF))
-    return jnp.concatenate([gate_nEDf, up_nEDf], axis=3), w_down_EFD.reshape(E, n, f, D).transpose(1, 0, 2, 3)
 
 
 def split_dispatch(x_TD, ids_TK, weights_TK, experts, packed_ffn=None):

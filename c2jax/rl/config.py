@@ -1,13 +1,14 @@
 """The `rl` config section: the RL objective (losses.default_rl_loss_config) plus the
 orchestrator, weight sync, durability and evaluation fields.
 
-    cfg.rl = rl_defaults()       # until c2jax/config.py attaches it by default
+    cfg.rl = rl_defaults()       # what c2jax.config.default_config() attaches (registered below)
     validate_rl(cfg.rl)          # raises ConfigError naming the bad field
 """
 from __future__ import annotations
 
 import ml_collections
 
+from c2jax.config import register_section
 from c2jax.errors import ConfigError
 from c2jax.rl.losses import default_rl_loss_config, validate_rl_loss_config
 
@@ -228,3 +229,6 @@ def _validate_summary(r, model, ConfigError) -> None:
     if r.sampler_slots < r.env_workers:
         raise ConfigError(f"rl.sampler_slots={r.sampler_slots} must be >= rl.env_workers={r.env_workers} with "
                           "summaries on: each episode keeps its cache slot so the summary decodes on the live cache")
+
+
+register_section("rl", rl_defaults, lambda r, cfg: validate_rl(r, cfg.model))

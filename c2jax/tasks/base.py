@@ -15,7 +15,7 @@ callable (the harness sandbox). Two protocols:
   only. stdlib_bugs, whose CPython unittest files must import the module under test,
   overrides `run_hidden_tests` with a guarded in-process runner (c2jax.tasks.stdlib_bugs).
 
-Every host-side read of the tree goes through c2jax.agent.workspace.read_tree (no link is
+Every host-side read of the tree goes through c2jax.filetree.read_tree (no link is
 followed; as the tree's owner when the harness is root).
 
 Python version: the stdlib-bug tasks run CPython 3.12's own test files (they import
@@ -186,7 +186,7 @@ class Task:
 
     def _run_test_command(self, workspace_path: Path, run: Runner) -> Grade:
         """Write the hidden tests (with a fresh nonce), run test_command, remove them."""
-        from c2jax.agent.workspace import remove_tree_path, write_tree_files
+        from c2jax.filetree import remove_tree_path, write_tree_files
         nonce = secrets.token_hex(8)
         tops = sorted({Path(p).parts[0] for p in self.hidden_tests} - {Path(p).parts[0] for p in self.files})
         try:
@@ -267,8 +267,8 @@ def write_files(root: Path, files: dict[str, str]) -> None:
 
 def snapshot_files(root: Path) -> dict[str, str]:
     """Text of every file under root (relative posix paths), skipping caches and hidden tests;
-    links are reported, never followed (c2jax.agent.workspace.read_tree)."""
-    from c2jax.agent.workspace import read_tree
+    links are reported, never followed (c2jax.filetree.read_tree)."""
+    from c2jax.filetree import read_tree
     return read_tree(Path(root), IGNORED_PARTS)
 
 

@@ -277,7 +277,7 @@ class StdlibBugTask(Task):
         super().__post_init__()
 
     def run_hidden_tests(self, workspace_path: Path, run) -> Grade:
-        from c2jax.agent.workspace import read_tree
+        from c2jax.filetree import read_tree
         module = self.metadata["module"]
         fname = f"{module}.py"
         submitted = read_tree(Path(workspace_path)).get(fname)

@@ -37,6 +37,7 @@ def main(argv=None):
     flags.FLAGS.mark_as_parsed()
     logging.basicConfig(level=logging.WARNING)
     import jax
+    import c2jax.sections  # noqa: F401  (the data / eval / rl config sections)
     from c2jax.config import load_config
     from c2jax.rl.loop import run_rl
     # Each run_rl builds its own jitted learner/sampler; a persistent compilation cache makes the

@@ -53,6 +53,7 @@ def run_c2jax(path: str, devices: int) -> dict:
     import c2jax
     shardings = None
     if devices > 1:
+        import c2jax.sections  # noqa: F401  (the data / eval / rl config sections)
         from c2jax.config import load_config
         from c2jax.hf.config import config_from_hf
         from c2jax.models import param_shardings

@@ -122,6 +122,7 @@ def bench_trained(args, rows):
     decoding against plain decoding (the CPU's split step and the scanned step speculation
     verifies with), and the speedup acceptance predicts: (1 + accepted per step) / (spec step
     cost / scanned step cost). Sampled (T = 1) acceptance from the same prompts."""
+    import c2jax.sections  # noqa: F401  (the data / eval / rl config sections)
     from c2jax.train.loop import load_run_config, load_run_params
     cfg = load_run_config(args.run)
     if not cfg.model.num_mtp_layers:

@@ -9,7 +9,7 @@ a topology from jax.experimental.topologies; nothing runs on a TPU).
 
 Each side's step: f32 params + AdamW moments (f32), bf16 compute, full remat of every layer,
 global-norm clip 1.0, dropless MoE with the grouped-matmul kernels, flash attention.
-  c2jax:   c2jax.train.step.make_train_step through c2jax.parallel.compile_check (its abstract
+  c2jax:   c2jax.train.step.make_train_step through c2jax.tools.compile_check (its abstract
            sharded train state, its lowering on the topology's TPU devices), in this process.
   MaxText: maxtext.trainers.pre_train.train_compile.main in `.venv-maxtext`, as a subprocess
            through experiments/reference/maxtext_aot_driver.py (a point whose venv is missing
@@ -191,6 +191,7 @@ def point_spec(name: str) -> dict:
 def c2jax_config(p: dict, layers: int | None, unrolled: bool):
     """The c2jax config of point `p` with `layers` decoder layers (None = the model's), its layer
     stack unrolled (straight-line code) or scanned."""
+    import c2jax.sections  # noqa: F401  (the data / eval / rl config sections)
     from c2jax.config import default_config, load_config_file
     spec = MODELS[p["model"]]
     cfg = default_config()
@@ -223,9 +224,10 @@ def c2jax_config(p: dict, layers: int | None, unrolled: bool):
 
 def c2jax_compile(p: dict, layers: int | None, unrolled: bool, devices) -> dict:
     """Lower + compile c2jax's train step for one depth; the compiler's reports."""
+    import c2jax.sections  # noqa: F401  (the data / eval / rl config sections)
     from c2jax.config import validate
     from c2jax.ops.registry import record_choices
-    from c2jax.parallel import compile_check as cc
+    from c2jax.tools import compile_check as cc
     from c2jax.parallel.mesh import make_mesh
     cfg = c2jax_config(p, layers, unrolled)
     validate(cfg, num_devices=len(devices))
@@ -259,7 +261,7 @@ def c2jax_compile(p: dict, layers: int | None, unrolled: bool, devices) -> dict:
 
 
 def c2jax_side(p: dict, compiles: list[tuple[str, int | None, bool]]) -> dict:
-    from c2jax.parallel import compile_check as cc
+    from c2jax.tools import compile_check as cc
     devices = cc.topology_devices(p["topology"])
     res = {"side": "c2jax", "jax": _version("jax"), "libtpu": _version("libtpu"), "compiles": {}}
     for key, layers, unrolled in compiles:
@@ -550,7 +552,7 @@ def xla_roofline(topology: str) -> dict:
     import jax.numpy as jnp
     from jax.experimental import pallas as pl
     from jax.sharding import NamedSharding, PartitionSpec
-    from c2jax.parallel import compile_check as cc
+    from c2jax.tools import compile_check as cc
     dev = cc.topology_devices(topology)[0]
     s = NamedSharding(jax.sharding.Mesh([dev], ("x",)), PartitionSpec())
 
@@ -713,7 +715,7 @@ def layout_notes(p: dict) -> list[str]:
 
 
 def run_point(p: dict, sides: list[str], full: bool, out_dir: str, timeout: float) -> dict:
-    from c2jax.parallel import compile_check as cc
+    from c2jax.tools import compile_check as cc
     chip, hbm, peak = cc.chip_spec(p["topology"])
     chips = chips_of(p["topology"])
     figs = model_figures(p)

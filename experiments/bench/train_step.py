@@ -71,6 +71,7 @@ def build_step(batch_size: int, seq: int, overrides=()):
     import jax.numpy as jnp
     import numpy as np
 
+    import c2jax.sections  # noqa: F401  (the data / eval / rl config sections)
     from c2jax.config import apply_overrides, load_config_file, validate
     from c2jax.models import init_params, param_count
     from c2jax.models import param_shardings

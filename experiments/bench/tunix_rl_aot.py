@@ -38,7 +38,7 @@ model and optimizer).
   compiles that program for the same batch so its cost can be added to the update's.
 
 c2jax side (the project's .venv): c2jax.rl.learner.rl_train_step through make_rl_step, lowered by
-c2jax.parallel.compile_check.compile_rl_step on the learner cfg (learner_cfg: dropless MoE) of the
+c2jax.tools.compile_check.compile_rl_step on the learner cfg (learner_cfg: dropless MoE) of the
 config experiments/bench/tpu_aot.py uses for its point qwen3_30b_a3b-fsdp64 (FSDP 64, flash
 attention, grouped-matmul MoE, remat full), with rl.kl_coef 1e-3 > 0 (the reference's forward in
 the same program, its params in the params' shardings), rl.router_replay on (forced_ids),
@@ -314,10 +314,11 @@ def c2jax_cfg(p: dict, layers: int | None, unrolled: bool):
 
 
 def c2jax_compile(p: dict, layers: int | None, unrolled: bool, devices) -> dict:
+    import c2jax.sections  # noqa: F401  (the data / eval / rl config sections)
     from c2jax.config import validate
     from c2jax.models import flops_per_token
     from c2jax.ops.registry import record_choices
-    from c2jax.parallel import compile_check as cc
+    from c2jax.tools import compile_check as cc
     from c2jax.parallel.mesh import make_mesh
     cfg = c2jax_cfg(p, layers, unrolled)
     validate(cfg, num_devices=len(devices))

@@ -9,6 +9,7 @@ from c2jax.agent import chat_format as cf
 from c2jax.agent import summarize as sm
 from c2jax.agent.policy import PolicyOutput, SamplerPolicy, ScriptedPolicy
 from c2jax.agent.runner import EpisodeConfig, EpisodeState, _new_stats, run_episode
+from c2jax.agent.long_horizon_policy import make_long_horizon_policy
 from c2jax.tasks import long_horizon as lh
 
 TOK = cf.ByteTokenizer()
@@ -165,7 +166,7 @@ def _run(task, method, trigger, window, sandbox):
                          max_tool_output_chars=4000, max_context_tokens=window)
     cfg = sm.summary_episode_config(base, sm.SummaryConfig(method, trigger_tokens=trigger, max_summaries=12,
                                                            max_summary_tokens=1024))
-    pol = sm.PrefillMeter(lh.make_long_horizon_policy(task))
+    pol = sm.PrefillMeter(make_long_horizon_policy(task))
     return run_episode(task, pol, None, sandbox, cfg), pol
 
 

@@ -10,6 +10,7 @@ from c2jax.agent import summarize as sm
 from c2jax.agent.runner import EpisodeConfig
 from c2jax.agent.sandbox import unavailable_reason
 from c2jax.data.pipeline import read_chats_jsonl
+from c2jax.agent.long_horizon_policy import make_long_horizon_policy
 from c2jax.tasks import long_horizon as lh
 
 TOK = cf.ByteTokenizer()
@@ -24,7 +25,7 @@ def test_write_chain_transcripts_one_record_per_segment(tmp_path):
                          system_prompt="Use the tools.", max_context_tokens=2400)
     cfg = sm.summary_episode_config(base, sm.SummaryConfig("self", trigger_tokens=1200, max_summary_tokens=1024))
     path = str(tmp_path / "sft.jsonl")
-    stats = sm.write_chain_transcripts(tasks, lh.make_long_horizon_policy, TOK, path, cfg)
+    stats = sm.write_chain_transcripts(tasks, make_long_horizon_policy, TOK, path, cfg)
     assert stats["kept"] == 2 and stats["summaries"] >= 2 and stats["segments"] == stats["kept"] + stats["summaries"]
     recs = [json.loads(line) for line in open(path)]
     assert len(recs) == stats["segments"] and max(len(r["tokens"]) for r in recs) <= 2400

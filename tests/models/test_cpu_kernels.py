@@ -104,7 +104,7 @@ def test_bad_shapes_and_dtypes_are_refused_clearly():
 
 def test_failed_build_is_reported_and_the_decode_step_keeps_xla(tmp_path):
     code = ("import jax; from c2jax.backends.cpu import kernels as cpu_kernels; from c2jax.sampling import unrolled; "
-            "from c2jax import config; m = config.load_config_file('configs/tiny.py').model; "
+            "import c2jax.sections; from c2jax import config; m = config.load_config_file('configs/tiny.py').model; "
             "print(cpu_kernels.unavailable().splitlines()[0]); print(unrolled.decode_layout(m))")
     env = {"PATH": "/usr/bin:/bin", "JAX_PLATFORMS": "cpu", "CXX": "false", "C2JAX_KERNEL_CACHE": str(tmp_path)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)

@@ -10,6 +10,7 @@ import pytest
 from c2jax.ops import experts as experts_ops
 from c2jax.ops import experts_xla
 from c2jax.ops import record_choices
+from c2jax.ops.stacked import LayerExperts
 from c2jax.backends.cpu import attention as cpu_attention
 from c2jax.backends.cpu import kernels as cpu_kernels
 from c2jax.backends.cpu import moe as cpu_moe
@@ -105,7 +106,7 @@ def test_refusals():
         cpu_moe._ffn(x, ids, weights, wg, wu, wd, wg[None], wu[None], wd[None], jnp.int32(1), 20)
     with pytest.raises(ValueError, match="do not hold layers of"):
         cpu_moe.expert_ffn(x, ids, weights, wg, wu, wd, 20,
-                           stacked=cpu_moe.LayerExperts(wg[None], wu[None], wd[None, :, :32], jnp.int32(0)))
+                           stacked=LayerExperts(wg[None], wu[None], wd[None, :, :32], jnp.int32(0)))
 
 
 def test_stacked_weights_read_in_place():
@@ -117,7 +118,7 @@ def test_stacked_weights_read_in_place():
     stacks = [jnp.concatenate([o[:1], w[None], o[1:]]) for o, w in zip(others, (wg, wu, wd))]   # layer 1 of 3
 
     def loss_stacked(x, weights, wg, wu, wd):
-        view = cpu_moe.LayerExperts(*stacks, jnp.int32(1))
+        view = LayerExperts(*stacks, jnp.int32(1))
         # other values, the same gradient: the per-layer values must not matter
         junk = lambda w: w + jax.lax.stop_gradient(jnp.full_like(w, 3.0) - w)  # noqa: E731
         return jnp.sum(cpu_moe.expert_ffn(x, ids, weights, junk(wg), junk(wu), junk(wd), 150, stacked=view) * cot)

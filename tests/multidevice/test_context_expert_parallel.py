@@ -148,7 +148,7 @@ def test_ragged_plan_drops_only_what_overflows_a_receiver():
     """The plan on 8 devices against a numpy model: receivers store senders' rows in rank order
     and keep the first R; each sender's kept counts and every offset follow from that."""
     from jax.sharding import PartitionSpec as P
-    from c2jax.parallel.ragged import exchange, ragged_plan
+    from c2jax.ops.ragged import exchange, ragged_plan
     W, R = 8, 12
     rng = np.random.default_rng(5)
     S = rng.integers(0, 5, (W, W)).astype(np.int32)            # S[p, q]: rows p sends to q
@@ -190,7 +190,7 @@ def test_token_parallel_experts_gather_fsdp_shards_on_every_dim():
     split over `expert_fsdp` and D over `expert_embed`, output and gradients equal one device's."""
     from jax.sharding import NamedSharding, PartitionSpec as P
     from c2jax.ops import experts_xla
-    from c2jax.parallel import experts as ep
+    from c2jax.ops import experts_ep as ep
     cfg = _cfg("gqa", (2, 4, 1, 1), expert_embed="data", expert_fsdp="fsdp")
     Bt, Lt, D, F, E, K = 8, 6, 16, 24, 8, 2
     ks = jax.random.split(jax.random.key(3), 6)

@@ -14,7 +14,7 @@ import c2jax
 from c2jax.config import load_config
 from c2jax.models import param_shardings
 from c2jax.parallel import activate, make_mesh
-from c2jax.parallel import context as cpmod
+from c2jax.ops import attention_cp as cpmod
 from c2jax.models.transformer import context_prefill as tfm_context_prefill
 
 B, L, S, STEPS = 4, 32, 48, 3

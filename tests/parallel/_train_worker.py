@@ -24,6 +24,7 @@ def main():
     from c2jax.parallel import distributed
     info = distributed.initialize()     # from C2JAX_* env vars (or nothing: single process)
     import c2jax
+    import c2jax.sections  # noqa: F401  (the data / eval / rl config sections)
     from c2jax.config import default_config
     from c2jax.models import param_shardings
     from c2jax.parallel import activate, data_sharding, make_mesh

@@ -111,6 +111,7 @@ def test_killed_sampler_and_env_worker_are_replaced(tmp_path):
 CHILD = """
 import sys
 from absl import flags; flags.FLAGS.mark_as_parsed()
+import c2jax.sections
 from c2jax.config import load_config
 from c2jax.rl.loop import run_rl
 cfg = load_config(sys.argv[1], ["--config.rl.steps=6", "--config.rl.eval_every=-1"])

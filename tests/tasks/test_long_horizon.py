@@ -65,8 +65,9 @@ def test_scripted_agent_plan_is_a_copy_of_the_listing_and_survives_a_summary():
     read up to: and the found lines (in reading order), and after the restart the agent lists
     settings/ again and reads on after that module."""
     from c2jax.agent import chat_format as cf
+    from c2jax.agent import long_horizon_policy as lhp
     task = long_horizon.load("train", 1, seed=4, n_files=4, file_chars=200)[0]
-    pol = long_horizon.LongHorizonPolicy(task)
+    pol = lhp.LongHorizonPolicy(task)
     names = [m.split("/")[1] for m in task.metadata["modules"]]
     codec = cf.as_codec(None)
     list_call = cf.render_assistant(calls=[{"name": "list_dir", "arguments": {"path": "settings"}}])
@@ -81,7 +82,7 @@ def test_scripted_agent_plan_is_a_copy_of_the_listing_and_survives_a_summary():
             "path": f"settings/{name}"}}], thinking=msg.thinking)
         src = task.files[f"settings/{name}"]
         ctx += cf.render_tool_result(0, "read_file", True, f"settings/{name} (lines 1-9 of 9)\n{src}")
-        order += [n for n, _ in long_horizon._FACT_RE.findall(src)]
+        order += [n for n, _ in lhp._FACT_RE.findall(src)]
         if i == 1:  # summarize here, then continue from the summary alone
             summary = pol.self_summary(ctx)
             found = "\n".join(f"{n} = {task.metadata['facts'][n]}" for n in order)

@@ -162,6 +162,16 @@ class PackedExperts:
         return cls(*children, mesh)
 
 
+def ffn_column_split(w_gate_EDF, w_up_EDF, w_down_EFD, n: int):
+    """Every expert's hidden columns split n ways (n | F, f = F / n): (w_gate_up [n, E, D, 2f],
+    device d's gate columns [d f, (d + 1) f) then its up columns; w_down [n, E, f, D], the same
+    rows)."""
+    E, D, F = w_gate_EDF.shape
+    f = F // n
+    gate_nEDf, up_nEDf = (w.reshape(E, D, n, f).transpose(2, 0, 1, 3) for w in (w_gate_EDF, w_up_EDF))
+    return jnp.concatenate([gate_nEDf, up_nEDf], axis=3), w_down_EFD.reshape(E, n, f, D).transpose(1, 0, 2, 3)
+
+
 def pack_experts(w_gate_EDF, w_up_EDF, w_down_EFD, mesh=None) -> PackedExperts:
     """Stacked expert weights -> PackedExperts (hidden columns split over mesh's n devices).
     Jit-friendly; raises ValueError when packable() says no."""
@@ -169,7 +179,6 @@ def pack_experts(w_gate_EDF, w_up_EDF, w_down_EFD, mesh=None) -> PackedExperts:
     why = packable(w_gate_EDF, n)
     if why:
         raise ValueError(f"cannot pack experts for the CPU kernel: {why}")
-    from c2jax.ops.experts_xla import ffn_column_split   # the decode layout split
     wgu_nED2f, wd_nEfD = ffn_column_split(w_gate_EDF, w_up_EDF, w_down_EFD, n)
     wgu = jax.vmap(_panels)(wgu_nED2f)
     wd = jax.vmap(_panels)(wd_nEfD)

@@ -19,13 +19,15 @@ Letters: T tokens, K experts per token, A = T K assignments, E experts, D width,
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from c2jax.backends.cpu import kernels as cpu_kernels
-from c2jax.ops.stacked import LayerExperts  # noqa: F401  (the view the kernels read)
+if TYPE_CHECKING:   # the view the kernels read (c2jax.ops.stacked, a layer above; only its fields are used)
+    from c2jax.ops.stacked import LayerExperts
 
 
 def usable_operands(x_dtype, w_dtype, D: int, F: int) -> str | None:

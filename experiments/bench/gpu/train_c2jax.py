@@ -94,6 +94,7 @@ def run_variant(args, ts, name: str, peaks: dict) -> dict:
     import jax.numpy as jnp
     import numpy as np
 
+    import c2jax.sections  # noqa: F401  (the data / eval / rl config sections)
     from c2jax.config import apply_overrides, load_config_file, validate
     from c2jax.models import flops_per_token, init_params, param_count
     from c2jax.ops import record_choices

@@ -13,7 +13,7 @@ os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 from c2jax.config import load_config_file  # noqa: E402
 from c2jax.ops import record_choices  # noqa: E402
-from c2jax.parallel import compile_check as cc  # noqa: E402
+from c2jax.tools import compile_check as cc  # noqa: E402
 from c2jax.parallel.mesh import make_mesh  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("no_persistent_cache")

@@ -5,7 +5,7 @@ import os
 import pytest
 
 from c2jax.config import ConfigError, load_config_file
-from c2jax.parallel import compile_check
+from c2jax.tools import compile_check
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = os.path.join(ROOT, "configs", "pods", "tiny_v5p_8.py")

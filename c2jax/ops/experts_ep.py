@@ -14,7 +14,7 @@ Per MoE layer, on every device (T local tokens, K experts each, A = T*K assignme
  3. run the local experts (sorted grouped matmul, the same gmm as the single-device path);
  4. all-to-all the outputs back in the model dtype (bf16 in production), weight and sum the k
     results in float32 and cast back.
-With mesh.ep_exchange = "ragged", steps 1-4 send only the routed rows instead (c2jax.parallel.ragged:
+With mesh.ep_exchange = "ragged", steps 1-4 send only the routed rows instead (c2jax.ops.ragged:
 a ragged all-to-all into receive buffers of ep_capacity_factor x A rows, A x W when 0, dropless;
 an assignment is dropped only when its receiver's buffer is full), and rows travel unquantized.
 With mesh.ep_token_chunks = n > 1 the local tokens go through 1-4 in n chunks one after another
@@ -44,7 +44,7 @@ from c2jax.parallel.mesh import (
     spec_entry,
 )
 from c2jax.ops.experts_xla import combine_rows, expert_ffn, inverse_permutation, join_gate_up, rows_of_tokens
-from c2jax.parallel.ragged import exchange, ragged_plan
+from c2jax.ops.ragged import exchange, ragged_plan
 
 
 def ep_axes() -> tuple:

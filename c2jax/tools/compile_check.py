@@ -30,6 +30,7 @@ report is printed by the CLI).
 from __future__ import annotations
 
 import math
+import os
 import re
 import time
 
@@ -97,9 +98,39 @@ def chip_spec(topology: str) -> tuple[str, float, float]:
     return (chip,) + CHIPS[chip]
 
 
+def _no_tpu_attached() -> bool:
+    """True when this host has no TPU chips (jax's own PCI scan); False when it cannot tell."""
+    try:
+        from jax._src import hardware_utils
+        return hardware_utils.num_available_tpu_chips_and_device_id()[0] == 0
+    except Exception:
+        return False
+
+
+def quiet_libtpu_env(topology: str) -> dict:
+    """The TPU_* variables libtpu reads at initialization that a CPU host has no values for, set
+    (unless already set) so that loading libtpu for an AOT topology prints nothing. Without them
+    libtpu logs "could not determine TPU accelerator type" and "unexpected worker hostname ..."
+    to stderr in front of the report: on a CPU host the metadata server it asks does not exist.
+    The worker is this host; the accelerator type only sets libtpu's own host bounds (the devices
+    come from `topology`, whatever it says). Only on a host without TPU chips, where the values
+    cannot be wrong; errors libtpu raises still show. Returns what it set."""
+    if not _no_tpu_attached():
+        return {}
+    chip, _, dims = topology.partition(":")
+    chips = math.prod(int(d) for d in dims.split("x")) if dims and all(d.isdigit() for d in dims.split("x")) else 1
+    cores = 2 if chip.lower() in ("v4", "v5p") else 1   # accelerator types count TensorCores
+    name = {"v5e": "v5litepod"}.get(chip.lower(), chip.lower())
+    want = {"TPU_SKIP_MDS_QUERY": "1", "TPU_WORKER_HOSTNAMES": "localhost",
+            "TPU_ACCELERATOR_TYPE": f"{name}-{chips * cores}"}
+    set_now = {k: v for k, v in want.items() if k not in os.environ}
+    os.environ.update(set_now)
+    return set_now
+
+
 def topology_devices(topology: str):
-    import os
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # other processes may hold libtpu's lockfile
+    quiet_libtpu_env(topology)
     from jax.experimental import topologies
     try:
         topo = topologies.get_topology_desc(platform="tpu", topology_name=topology)
