@@ -62,24 +62,25 @@ EDIT_TOOLS = ("edit_file", "write_file")
 
 def attempt_outcomes(run_dir: str) -> dict:
     """Training attempts by how they ended, per policy version (the group's start_version), from
-    the run's groups/*.json: passed, failed after a tool error with no file changed, failed with
+    the run's group store: passed, failed after a tool error with no file changed, failed with
     files changed, other; plus attempts with more than one edit-tool call and how many passed."""
-    import glob
+    import zipfile
     from collections import defaultdict
+    from c2jax.rl.store import GroupStore
     kinds = ("passed", "failed_tool_error_nothing_changed", "failed_changed_files", "failed_other")
     per_version = defaultdict(lambda: dict.fromkeys(kinds + ("repeated_edits", "repeated_edits_passed"), 0))
     skipped = 0
-    for path in sorted(glob.glob(os.path.join(run_dir, "groups", "g*.json"))):
+    store = GroupStore(os.path.join(run_dir, "groups"))
+    for index in store.indices():
         try:
-            with open(path) as f:
-                g = json.load(f)
-            trajs, passed, version = g["trajectories"], g["passed"], int(g["start_version"])
-        except (OSError, ValueError, KeyError, TypeError):
+            g = store.get(index)
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile):
             skipped += 1
             continue
+        trajs, passed, version = g.trajectories, g.passed, int(g.start_version)
         row = per_version[version]
         for t, ok in zip(trajs, passed):
-            st = t.get("stats", {})
+            st = t.stats
             edits = sum(int(st.get("tool_calls_by_name", {}).get(k, 0)) for k in EDIT_TOOLS)
             if ok:
                 kind = "passed"

@@ -71,19 +71,16 @@ def chain_sequences(segments: Sequence[Trajectory], reward: float | None = None,
 
 def chain_advantages(chain_rewards, group_ids, std_normalize: bool = False, std_eps: float = 1e-6) -> np.ndarray:
     """Per-chain Dr. GRPO advantage: reward - mean reward of the chains in the same group
-    (optionally / (group std + eps)). group_ids: any hashables, one per chain."""
+    (optionally / (group std + eps)); `group_advantages_by_id` over the chains. group_ids: any
+    hashables, one per chain."""
+    from c2jax.rl.advantages import group_advantages_by_id
     r = np.asarray(chain_rewards, np.float64)
     gids = list(group_ids)
     if len(gids) != len(r):
         raise ValueError(f"{len(r)} rewards but {len(gids)} group ids")
-    adv = np.zeros_like(r)
-    for g in set(gids):
-        idx = np.array([i for i, x in enumerate(gids) if x == g])
-        a = r[idx] - r[idx].mean()
-        if std_normalize:
-            a = a / (r[idx].std() + std_eps)
-        adv[idx] = a
-    return adv.astype(np.float32)
+    dense = {g: i for i, g in enumerate(dict.fromkeys(gids))}
+    ids = np.asarray([dense[g] for g in gids], np.int32)
+    return np.asarray(group_advantages_by_id(r, ids, len(dense), std_normalize, std_eps), np.float32)
 
 
 def expand_to_sequences(chains: Sequence[Sequence[Trajectory]], advantages) -> tuple[list[Trajectory], np.ndarray]:
