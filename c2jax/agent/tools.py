@@ -280,6 +280,35 @@ def _grep(ctx: ToolContext, a: dict) -> str:
     return r.stdout
 
 
+HINT_MAX_CHARS = 600
+
+
+def closest_text_hint(text: str, old: str) -> str:
+    """The span of `text` most like `old` (as many whole lines as `old` has), quoted exactly with
+    its first line number, so a retry can copy it; "" when nothing is alike (ratio < 0.5)."""
+    import difflib
+    lines = text.splitlines(keepends=True)
+    n = max(1, old.rstrip("\n").count("\n") + 1)
+    if not lines or len(lines) > 5000:
+        return ""
+    target = old.strip("\n")
+    best, best_i = 0.0, -1
+    for i in range(max(1, len(lines) - n + 1)):
+        cand = "".join(lines[i:i + n]).strip("\n")
+        m = difflib.SequenceMatcher(None, target, cand, autojunk=False)
+        if m.real_quick_ratio() <= best or m.quick_ratio() <= best:
+            continue
+        r = m.ratio()
+        if r > best:
+            best, best_i = r, i
+    if best < 0.5:
+        return ""
+    span = "".join(lines[best_i:best_i + n]).rstrip("\n")
+    if len(span) > HINT_MAX_CHARS:
+        return ""
+    return f"; the closest text in the file, at line {best_i + 1}, is:\n{span}"
+
+
 def _edit_file(ctx: ToolContext, a: dict) -> str:
     old, new = a["old"], a["new"]
     if not old:
@@ -290,7 +319,7 @@ def _edit_file(ctx: ToolContext, a: dict) -> str:
     n = text.count(old)
     if n == 0:
         raise ToolError(f"edit_file: 'old' text not found in {a['path']!r} (it must match exactly, "
-                        "whitespace included)")
+                        "whitespace included)" + closest_text_hint(text, old))
     if n > 1:
         raise ToolError(f"edit_file: 'old' text occurs {n} times in {a['path']!r}; include more context "
                         "so it matches exactly once")

@@ -62,6 +62,22 @@ def test_edit_file_unique_match(ctx):
         assert (ctx.root / "pkg/mod.py").stat().st_uid == ctx.uid
 
 
+def test_edit_file_miss_quotes_the_closest_text(ctx):
+    """A miscopied 'old' gets the file's closest span back, exact and copyable; the retry with it
+    applies. Nothing alike gets no hint; exact matching stays the rule."""
+    (ctx.root / "pkg/calc.py").write_text("def add(a, b):\n    return a - b\n\n\ndef sub(x, y):\n    return x + y\n")
+    r = call(ctx, "edit_file", path="pkg/calc.py", old="    retrun a - b", new="    return a + b")
+    assert not r.ok and "not found" in r.output
+    hint = r.output.split("is:\n", 1)[1]
+    assert "at line 2" in r.output and hint.startswith("    return a - b")
+    assert (ctx.root / "pkg/calc.py").read_text().count("a - b") == 1  # nothing applied
+    r = call(ctx, "edit_file", path="pkg/calc.py", old="def sub(x, y):\n  return x + y", new="x")
+    assert "at line 5" in r.output and r.output.endswith("def sub(x, y):\n    return x + y")
+    assert call(ctx, "edit_file", path="pkg/calc.py", old=hint.splitlines()[0], new="    return a + b").ok
+    assert "closest" not in call(ctx, "edit_file", path="pkg/calc.py", old="zzzzzzzzzzzzqqqq", new="x").output
+    assert tl.closest_text_hint("", "x") == "" and tl.closest_text_hint("a\n" * 6000, "a") == ""
+
+
 def test_write_file_then_run_and_run_tests(ctx):
     r = call(ctx, "write_file", path="new/dir/x.py", content="print('hi from x')\n")
     assert r.ok, r.output
