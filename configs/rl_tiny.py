@@ -56,9 +56,12 @@ def get_config(arg=None):
         # From the demo's SFT model: 16 prompts x 8 a step on train tasks SFT never saw
         # (rl.task_seed 1), scored before and after on 128 held-out synthetic:1 tasks x 4 attempts
         # (the same tasks and sampling seeds, so the change is paired per task).
+        # Bug fixes only, attempts above their group's mean reinforced (rl.negative_advantage_scale 0),
+        # no KL anchor, lr 1e-4: the settings of experiments/results/rl_harness/learning.json.
         updates.update({
             "rl.steps": 40, "rl.prompts_per_step": 16, "rl.eval_every": 0, "rl.eval_tasks": 128, "rl.eval_k": 4,
-            "rl.eval_suites": ("synthetic:1",),
+            "rl.eval_suites": ("synthetic:1",), "rl.suites": ("synthetic:1",), "rl.suite_weights": (),
+            "rl.negative_advantage_scale": 0.0, "rl.kl_coef": 0.0, "train.lr": 1e-4,
         })
     elif arg not in (None, ""):
         raise ValueError(f"configs/rl_tiny.py: unknown arg {arg!r}; use toy, mesh, toy_mesh, learning or nothing")
