@@ -42,6 +42,63 @@ class ReadThenFixPolicy(TextPolicy):
         return self.oracle.next_message(context, codec)
 
 
+def miscopied(old: str, text: str, seed: int) -> str | None:
+    """`old` with one visible character replaced, deleted or doubled, such that it no longer occurs
+    in `text` (a realistic miscopy of the line to replace); None if no such change exists."""
+    import random
+    rng = random.Random(seed)
+    spots = [i for i, ch in enumerate(old) if not ch.isspace()]
+    rng.shuffle(spots)
+    for i in spots[:16]:
+        kind = rng.choice(("replace", "delete", "double"))
+        if kind == "replace":
+            cand = old[:i] + rng.choice("abcdefghijklmnopqrstuvwxyz+-*<>=01") + old[i + 1:]
+        elif kind == "delete":
+            cand = old[:i] + old[i + 1:]
+        else:
+            cand = old[:i] + old[i] + old[i:]
+        if cand.strip() and cand not in text:
+            return cand
+    return None
+
+
+class ReadMissRetryPolicy(ReadThenFixPolicy):
+    """ReadThenFixPolicy whose first edit miscopies its `old` text; after the harness's error (which
+    quotes the file's closest text) it sends the reference edit. The transcript writer drops the
+    miss turn from the loss, so the model learns the recovery, never the miscopy."""
+
+    def __init__(self, task, seed: int = 0):
+        super().__init__(task)
+        self.miss_text = ""
+        steps = self.oracle.steps
+        first = steps[0] if steps else []
+        if len(first) == 1 and first[0].get("name") == "edit_file":
+            args = first[0]["arguments"]
+            bad = miscopied(args["old"], task.files.get(args["path"], ""), seed)
+            if bad is not None:
+                self.miss_text = cf.render_assistant(calls=[{"name": "edit_file",
+                                                             "arguments": {**args, "old": bad}}])
+        self.missed = not self.miss_text
+
+    def next_message(self, context, codec) -> str:
+        if self.did_read and not self.missed:
+            self.missed = True
+            return self.miss_text
+        return super().next_message(context, codec)
+
+
+def _mask_span(tokens_T, mask_T, span) -> bool:
+    """Zero mask_T over the one occurrence of `span` in tokens_T; False unless exactly one."""
+    import numpy as np
+    n, m = len(tokens_T), len(span)
+    hits = [i for i in range(n - m + 1) if tokens_T[i] == span[0] and list(tokens_T[i:i + m]) == span]
+    if len(hits) != 1:
+        return False
+    mask_T = np.asarray(mask_T)
+    mask_T[hits[0]:hits[0] + m] = False
+    return True
+
+
 # The tiny pipeline's system prompt (configs/rl_tiny.py uses the same one): the harness default
 # is ~140 tokens of the tiny tokenizer, more than the model's whole answer.
 SYSTEM_PROMPT = "Fix the bug with the tools: read the file the task names, then edit it."
@@ -56,24 +113,41 @@ def episode_config(max_turns: int = 6, max_new_tokens: int = 256, max_total_toke
 
 
 def oracle_episodes(tokenizer, suites=("synthetic:1",), split: str = "train", n_per_suite: int = 256,
-                    seed: int = 0) -> list:
-    """The read-then-fix oracle's episodes (c2jax.agent.runner results) on a split's tasks."""
+                    seed: int = 0, recovery_fraction: float = 0.0) -> tuple[list, list]:
+    """The oracle's episodes (c2jax.agent.runner results) on a split's tasks and the policy of each:
+    ReadThenFixPolicy, or for about `recovery_fraction` of the tasks (chosen by task id)
+    ReadMissRetryPolicy."""
     from c2jax.tasks import load_suite
+    from c2jax.tasks.base import stable_hash
     tasks = [t for s in suites for t in load_suite(s, split, n=n_per_suite, seed=seed)]
+    policies: dict = {}
+
+    def policy(task):
+        h = stable_hash("recovery", task.task_id, seed)
+        p = (ReadMissRetryPolicy(task, seed=h) if (h % 10_000) < recovery_fraction * 10_000
+             else ReadThenFixPolicy(task))
+        policies[task.task_id] = p
+        return p
+
     with Heartbeat("oracle transcripts", len(tasks)) as beat:
-        return run_episodes(tasks, ReadThenFixPolicy, tokenizer, Sandbox(), episode_config(), concurrency=4,
-                            on_result=lambda i, r: beat.add())
+        results = run_episodes(tasks, policy, tokenizer, Sandbox(), episode_config(), concurrency=4,
+                               on_result=lambda i, r: beat.add())
+    return results, [policies[t.task_id] for t in tasks]
 
 
 def write_oracle_transcripts(tokenizer, out_path: str, suites=("synthetic:1",), n_per_suite: int = 256,
-                             seed: int = 0, max_tokens: int = 768) -> dict:
-    """Run the read-then-fix oracle over train-split tasks in the sandbox; write the passing
-    episodes' exact tokens and model-token masks as JSONL for SFT."""
-    results = oracle_episodes(tokenizer, suites, "train", n_per_suite, seed)
-    kept = too_long = failed = 0
+                             seed: int = 0, max_tokens: int = 768, recovery_fraction: float = 0.0) -> dict:
+    """Run the oracle over train-split tasks in the sandbox; write the passing episodes' exact
+    tokens and model-token masks as JSONL for SFT. With recovery_fraction > 0 that share of the
+    episodes first miscopies its edit and recovers from the harness's error; the miss turn is
+    masked out of the loss (a miss that cannot be located drops the episode: `unmasked`)."""
+    import numpy as np
+    results, policies = oracle_episodes(tokenizer, suites, "train", n_per_suite, seed, recovery_fraction)
+    codec = cf.as_codec(tokenizer)
+    kept = too_long = failed = recovery = unmasked = 0
     os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
     with open(out_path, "w") as f:
-        for r in results:
+        for r, pol in zip(results, policies):
             traj = r.trajectory
             if not (r.grade and r.grade.passed):
                 failed += 1
@@ -81,9 +155,16 @@ def write_oracle_transcripts(tokenizer, out_path: str, suites=("synthetic:1",), 
             if len(traj.tokens_T) > max_tokens:
                 too_long += 1
                 continue
-            f.write(token_record(traj.tokens_T, traj.loss_mask_T, task_id=traj.task_id))
+            mask_T = np.array(traj.loss_mask_T, bool)
+            if getattr(pol, "miss_text", ""):
+                if not _mask_span(list(map(int, traj.tokens_T)), mask_T, codec.encode(pol.miss_text)):
+                    unmasked += 1
+                    continue
+                recovery += 1
+            f.write(token_record(traj.tokens_T, mask_T, task_id=traj.task_id))
             kept += 1
-    return {"tasks": len(results), "kept": kept, "failed": failed, "too_long": too_long}
+    return {"tasks": len(results), "kept": kept, "failed": failed, "too_long": too_long,
+            "recovery": recovery, "unmasked": unmasked}
 
 
 def model_policy_factory(cfg, params, tokenizer, *, max_len: int = 2048, temperature: float = 1.0,
@@ -142,6 +223,10 @@ DEMO_SIZES = {
     "full": DemoSizes(transcripts=4096, sft_steps=600, rl_steps=40, eval_tasks=32, eval_passes=4),
 }
 DEMO_STAGES = 5
+# Share of the demo's SFT transcripts whose first edit miscopies its `old` text and recovers from
+# the harness's error (ReadMissRetryPolicy). Without them the SFT model answers "Done." after a
+# failed edit (2 retries in 256 RL attempts), so RL has no recovery to reinforce.
+RECOVERY_FRACTION = 0.25
 
 
 def _stage(i: int, title: str) -> None:
@@ -177,7 +262,8 @@ def build_sft_model(workdir: str, overrides=(), mode: str = "full", timings: dic
     tokenizer = Tokenizer.load(cpt_dir)
     _stage(2, f"oracle transcripts for SFT ({sizes.transcripts} synthetic train tasks, harness token format)")
     t = time.time()
-    tstats = write_oracle_transcripts(tokenizer, sft_path, n_per_suite=sizes.transcripts)
+    tstats = write_oracle_transcripts(tokenizer, sft_path, n_per_suite=sizes.transcripts,
+                                      recovery_fraction=RECOVERY_FRACTION)
     timings["transcripts"] = time.time() - t
     print(f"transcripts: {tstats}", flush=True)
     _stage(3, f"SFT on the oracle transcripts ({sizes.sft_steps} steps)")

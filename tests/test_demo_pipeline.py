@@ -23,7 +23,7 @@ def test_oracle_transcripts_use_special_ids_and_mask_only_model_tokens(tmp_path)
                           vocab_size=300, min_frequency=1)
     path = str(tmp_path / "t.jsonl")
     stats = pipeline.write_oracle_transcripts(tok, path, n_per_suite=4)
-    assert stats == {"tasks": 4, "kept": 4, "failed": 0, "too_long": 0}
+    assert stats == {"tasks": 4, "kept": 4, "failed": 0, "too_long": 0, "recovery": 0, "unmasked": 0}
     rows = [json.loads(line) for line in open(path)]
     end, call, asst = (tok.token_id(t) for t in (st.END_TURN, st.TOOL_CALL, st.ASSISTANT))
     for r in rows:
@@ -36,6 +36,31 @@ def test_oracle_transcripts_use_special_ids_and_mask_only_model_tokens(tmp_path)
         assert model.count(end) == 3 and model[-1] == end and model[0] == call
         starts = [k for k in range(1, len(ids)) if mask[k] and not mask[k - 1]]
         assert len(starts) == 3 and all(ids[k - 1] == asst for k in starts)
+
+
+@pytest.mark.skipif(bool(NO_SANDBOX), reason=NO_SANDBOX or "")
+def test_recovery_transcripts_train_the_retry_not_the_miss(tmp_path):
+    """Every recovery transcript misses its first edit (the harness quotes the closest text), then
+    sends the reference edit and passes; only the read, the retry and the final message are model
+    tokens, so the miscopied call never enters the loss."""
+    tok = train_tokenizer(sample_texts(enumerate(["def add(a, b):\n    return a + b\n" * 20]), 1.0),
+                          vocab_size=300, min_frequency=1)
+    path = str(tmp_path / "t.jsonl")
+    stats = pipeline.write_oracle_transcripts(tok, path, n_per_suite=6, recovery_fraction=1.0, max_tokens=8192)
+    assert stats["kept"] == stats["recovery"] == 6 and stats["unmasked"] == 0, stats
+    for r in (json.loads(line) for line in open(path)):
+        ids, mask = r["tokens"], r["loss_mask"]
+        text = tok.decode(ids)
+        assert text.count('"name": "edit_file", "arguments"') == 2 and "the closest text in the file" in text
+        model = tok.decode([i for i, m in zip(ids, mask) if m])
+        assert model.count('"name": "edit_file", "arguments"') == 1 and model.count('"name": "read_file"') == 1
+        starts = [k for k in range(1, len(ids)) if mask[k] and not mask[k - 1]]
+        assert len(starts) == 3  # read, retry, final: the miss between them is context only
+    rng = __import__("random").Random(3)
+    for _ in range(20):
+        line = "    return x " + rng.choice("+-*<>") + " y\n"
+        bad = pipeline.miscopied(line, "def f(x, y):\n" + line, rng.randrange(1000))
+        assert bad is not None and bad != line and bad not in "def f(x, y):\n" + line
 
 
 def test_rl_tiny_uses_the_demo_episode_format():
