@@ -225,7 +225,7 @@ DEMO_SIZES = {
 DEMO_STAGES = 5
 # Share of the demo's SFT transcripts whose first edit miscopies its `old` text and recovers from
 # the harness's error (ReadMissRetryPolicy). Without them the SFT model answers "Done." after a
-# failed edit (2 retries in 256 RL attempts), so RL has no recovery to reinforce.
+# failed edit and rarely retries, so RL has no recovery to reinforce.
 RECOVERY_FRACTION = 0.25
 
 
