@@ -99,6 +99,18 @@ def attempt_outcomes(run_dir: str) -> dict:
             "unreadable_group_files": skipped}
 
 
+def held_out_curve(evals) -> list:
+    """Held-out pass@1 at every eval of the run, each paired against the first (before RL)."""
+    from c2jax.demo_report import paired_change
+    first = evals[0]["eval/task_pass"]
+    curve = []
+    for ev in evals:
+        c = paired_change(first, ev["eval/task_pass"])
+        curve.append({"step": ev["step"], "pass_at_1": ev["eval/pass_at_1"], "se": ev["eval/pass_at_1_se"],
+                      "change": c["change"], "paired_se": c["se"]})
+    return curve
+
+
 def record(cfg, run_dir: str, summary: dict, sft: str, wall_s: float, argv) -> dict:
     from c2jax.demo_report import paired_change
     from c2jax.train.metrics import read_metrics
@@ -124,6 +136,7 @@ def record(cfg, run_dir: str, summary: dict, sft: str, wall_s: float, argv) -> d
         "wall_s": wall_s, "train_wall_s": summary.get("train_wall_s"),
         "per_step": step_series(read_metrics(run_dir)),
         "attempt_outcomes": attempt_outcomes(run_dir),
+        "held_out_curve": held_out_curve(summary["evals"]),
         "task_pass_before": before, "task_pass_after": after,
         "config": config,
     }
@@ -169,9 +182,11 @@ def plot(rec: dict, path: str) -> None:
         c.set_xlabel("policy version (rollout start)")
         c.set_title("training attempts by outcome (fraction)")
         c.legend(fontsize=8)
-    x = [0, rec["rl_steps"]]
-    b.errorbar(x, [rec["pass_at_1_before"], rec["pass_at_1_after"]],
-               yerr=[rec["pass_at_1_se_before"], rec["pass_at_1_se_after"]], marker="o", capsize=4)
+    curve = rec.get("held_out_curve") or [
+        {"step": 0, "pass_at_1": rec["pass_at_1_before"], "se": rec["pass_at_1_se_before"]},
+        {"step": rec["rl_steps"], "pass_at_1": rec["pass_at_1_after"], "se": rec["pass_at_1_se_after"]}]
+    b.errorbar([p["step"] for p in curve], [p["pass_at_1"] for p in curve], yerr=[p["se"] for p in curve],
+               marker="o", capsize=4)
     b.set_xlabel("RL step")
     b.set_title(f"held-out pass@1, {rec['tasks']} tasks x {rec['attempts']}: "
                 f"{rec['change']:+.3f} +- {rec['paired_se']:.3f} (paired SE)", fontsize=9)

@@ -47,3 +47,17 @@ def test_attempt_outcomes_per_policy_version(tmp_path):
     assert out["total"]["passed"] == 2 and sum(out["total"][k] for k in (
         "passed", "failed_tool_error_nothing_changed", "failed_changed_files", "failed_other")) == 7
     assert out["unreadable_group_files"] == 1
+
+
+def test_held_out_curve_pairs_every_eval_with_the_first():
+    rng = np.random.default_rng(11)
+    passes = [rng.integers(0, 5, 32) / 4 for _ in range(3)]
+    evals = [{"step": s, "eval/task_pass": list(p), "eval/pass_at_1": float(p.mean()),
+              "eval/pass_at_1_se": float(p.std(ddof=1) / np.sqrt(len(p)))} for s, p in zip((0, 25, 50), passes)]
+    curve = _script().held_out_curve(evals)
+    assert [c["step"] for c in curve] == [0, 25, 50]
+    assert curve[0]["change"] == 0.0
+    for c, p in zip(curve[1:], passes[1:]):
+        d = p - passes[0]
+        assert np.isclose(c["change"], d.mean()) and np.isclose(c["paired_se"], d.std(ddof=1) / np.sqrt(len(d)))
+        assert np.isclose(c["pass_at_1"], p.mean())
