@@ -20,7 +20,7 @@ from c2jax.parallel import context as cpx
 from c2jax.models.layers import MLP, Linear, RMSNorm, dtype_of, kernels_of
 from c2jax.models.moe import MoE, make_dropless
 from c2jax.models.prepared import PREPARED, variables
-from c2jax.parallel.embed import embed_lookup
+from c2jax.ops.embed import embed_lookup
 
 
 SCANNED_STACKS = ("dense_layers", "moe_layers")  # the params' layer-stacked subtrees (leading axis: layer)

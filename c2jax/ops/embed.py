@@ -1,4 +1,4 @@
-"""Embedding lookup under FSDP without gathering the table.
+"""The embedding lookup op: under FSDP, without gathering the table.
 
 The table [V, D] is FSDP-sharded over its D dim (the `embed` rule, e.g. fsdp x context x
 expert: 64 ways on a v5p-1024). A plain `jnp.take` lets GSPMD all-gather the whole table on
