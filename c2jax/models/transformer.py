@@ -12,11 +12,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 
 from c2jax.models.attention import GQAAttention, MLAAttention, init_layer_cache
 from c2jax.ops.stacked import LayerExperts
-from c2jax.ops.attention_xla import DECODE_MAX_QUERIES
-from c2jax.parallel import context as cpx
+from c2jax.ops import sequence
 from c2jax.models.layers import MLP, Linear, RMSNorm, dtype_of, kernels_of
 from c2jax.models.moe import MoE, make_dropless
 from c2jax.models.prepared import PREPARED, variables
@@ -155,11 +155,9 @@ class MTPShift(NamedTuple):
 
 
 def mtp_shift(length: int, d: int) -> MTPShift:
-    """MTPShift of depth d for rows of `length` tokens under the active mesh (in token order
-    outside context parallelism: plain shifts)."""
-    import numpy as np
-    cp = cpx.context_size() if cpx.cp_active(length) else 1
-    order = cpx.zigzag_order(length, cp) if cp > 1 and length % (2 * cp) == 0 else np.arange(length)
+    """MTPShift of depth d for rows of `length` tokens in the order the active mesh runs them
+    (c2jax.ops.sequence.token_order: plain shifts outside context parallelism)."""
+    order = sequence.token_order(length)
     inv = np.argsort(order)
     ahead, back = order + d, order - d
     return MTPShift(inv[np.minimum(ahead, length - 1)], ahead < length, inv[np.maximum(back, 0)], back >= 0)
@@ -427,30 +425,15 @@ def flops_per_token(cfg, seq_len: int, training: bool = True) -> float:
 
 
 def context_prefill(cfg, params, tokens_BL, positions_BL, cache):
-    """`forward_with_cache` with the 2*CP zigzag causal load balance under an active CP mesh:
-    pads each row to a multiple of 2*CP (pad tokens get position S = cache length, so their
-    cache writes are dropped and no real query sees them), zigzag-permutes tokens and positions,
-    runs the model (whose attention then takes the CP prefill path) and returns
-    ForwardOutput(logits [B, L, V] in the original token order, aux, new cache). aux's per-token
-    arrays (expert_ids [N, B, L, K]) are returned in the original order too; aggregate stats
-    (expert_load) include the pad tokens. Outside a CP mesh it is forward_with_cache."""
-    tokens_BL = jnp.asarray(tokens_BL, jnp.int32)
-    positions_BL = jnp.asarray(positions_BL, jnp.int32)
-    B, L = tokens_BL.shape
-    cp = cpx.context_size()
-    if cp <= 1 or not cpx.cp_active():
-        return forward_with_cache(cfg, params, tokens_BL, positions_BL, cache)
-    Lp = -(-L // (2 * cp)) * (2 * cp)
-    if Lp <= DECODE_MAX_QUERIES:
-        return forward_with_cache(cfg, params, tokens_BL, positions_BL, cache)
+    """`forward_with_cache` on rows laid out for the active mesh (c2jax.ops.sequence.prefill_layout:
+    under context parallelism padded to a multiple of 2*CP and zigzag-permuted, so the attention
+    takes its CP prefill path) -> ForwardOutput(logits [B, L, V] in the original token order, aux,
+    new cache). aux's per-token arrays (expert_ids [N, B, L, K]) come back in the original order
+    too; aggregate stats (expert_load) include any pad tokens."""
     S = jax.tree.leaves(cache)[0].shape[2]   # stacked caches: [layers, B, S, ...]
-    if Lp > L:
-        tokens_BL = jnp.pad(tokens_BL, ((0, 0), (0, Lp - L)))
-        positions_BL = jnp.pad(positions_BL, ((0, 0), (0, Lp - L)), constant_values=S)
-    tokens_BL, positions_BL = cpx.zigzag_permute((tokens_BL, positions_BL), cp)
+    tokens_BL, positions_BL, restore = sequence.prefill_layout(tokens_BL, positions_BL, S)
     out = forward_with_cache(cfg, params, tokens_BL, positions_BL, cache)
-    logits = cpx.zigzag_unpermute(out.logits, cp)[:, :L]
     aux = dict(out.aux)
     if "expert_ids" in aux:
-        aux["expert_ids"] = cpx.zigzag_unpermute(aux["expert_ids"], cp, axis=2)[:, :, :L]
-    return ForwardOutput(logits, aux, out.cache)
+        aux["expert_ids"] = restore(aux["expert_ids"], axis=2)
+    return ForwardOutput(restore(out.logits, axis=1), aux, out.cache)
