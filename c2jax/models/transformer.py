@@ -15,11 +15,11 @@ import ml_collections
 import numpy as np
 
 from c2jax.models.attention import GQAAttention, MLAAttention, init_layer_cache
-from c2jax.ops.stacked import LayerExperts
+from c2jax.ops import stacked as stacked_view
 from c2jax.ops import sequence
 from c2jax.models.layers import MLP, Linear, RMSNorm, dtype_of, kernels_of
 from c2jax.models.moe import MoE, make_dropless
-from c2jax.models.prepared import PREPARED, variables
+from c2jax.ops.weights import PREPARED, variables
 from c2jax.ops.embed import embed_lookup
 
 
@@ -83,7 +83,7 @@ class ScanBody(nn.Module):
         block = Block
         if self.cfg.remat == "full":
             block = nn.remat(Block, prevent_cse=False)
-        stacked = None if expert_stacks is None else LayerExperts(*expert_stacks, layer)
+        stacked = stacked_view.layer_view(expert_stacks, layer)
         x_BLD, aux, new_cache = block(self.cfg, self.moe, name="block")(
             x_BLD, positions_BL, segment_ids_BL, forced, cache, stacked)
         return x_BLD, (aux, new_cache)
@@ -192,9 +192,11 @@ class Transformer(nn.Module):
                 None)
             new_cache["dense"] = c
         if n_moe:
+            # the expert stacks as stored, for a kernel that reads a layer of them in place (c2jax.ops.stacked)
+            stacks = stacked_view.stacks_of(self, (SCANNED_STACKS[1], "block", "moe"), ("w_gate", "w_up", "w_down"), dt)
             x, (moe_aux, c) = _stack(m, True, n_moe, SCANNED_STACKS[1])(
                 x, (forced_ids_NBLK, cache.get("moe"), jnp.arange(n_moe, dtype=jnp.int32)), positions_BL,
-                segment_ids_BL, self._expert_stacks())
+                segment_ids_BL, stacks)
             new_cache["moe"] = c
             aux.update(moe_aux)
         hidden_BLD = x
@@ -238,17 +240,6 @@ class Transformer(nn.Module):
         if run_mtp:
             aux["mtp_logits"] = jnp.stack([project(h) for h in mtp_normed])
         return logits, aux, (new_cache if cache else None)
-
-    def _expert_stacks(self):
-        """The MoE layers' stacked (w_gate, w_up, w_down) params, for the CPU expert kernel to read
-        a layer in place (c2jax.ops.stacked.LayerExperts); None at init, when the layers compute in another
-        dtype than the params (they use cast copies), or when they are stored prepared."""
-        m = self.cfg
-        if self.is_initializing() or dtype_of(m.dtype) != dtype_of(m.param_dtype):
-            return None
-        moe = self.variables.get("params", {}).get(SCANNED_STACKS[1], {}).get("block", {}).get("moe", {})
-        ws = tuple(moe.get(k) for k in ("w_gate", "w_up", "w_down"))
-        return ws if all(w is not None for w in ws) else None   # absent: stored prepared
 
 
 # ----------------------------------------------------------------------------- functional API
@@ -311,7 +302,7 @@ def forward(cfg, params, tokens_BL, positions_BL=None, segment_ids_BL=None, *,
             forced_expert_ids=None, return_aux: bool = False, head: bool = True, train_dispatch: bool = False,
             mtp: bool | None = None, mtp_trunk_grad: bool = True):
     """Logits float32 [B, L, V] for int32 tokens [B, L]; with return_aux a ForwardOutput.
-    params: the params dict, or c2jax.models.prepared.Weights (some weights stored prepared).
+    params: the params dict, or c2jax.ops.weights.Weights (some weights stored prepared).
 
     forced_expert_ids: int [N_moe, B, L, K] replays recorded routing (router replay).
     head=False: the final-normed hidden states [B, L, D] in place of the logits, for losses that

@@ -31,8 +31,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from c2jax.models import transformer as tfm
 from c2jax.models.layers import Linear, RMSNorm, dtype_of
 from c2jax.backends.cpu import kernels as cpu_kernels
-from c2jax.models.moe import shard_experts, split_experts
-from c2jax.models.prepared import Weights, separate, variables
+from c2jax.ops.experts_xla import shard_experts, split_experts
+from c2jax.ops.weights import Weights, separate, variables
 
 STACKS = (("dense_layers", "dense", False), ("moe_layers", "moe", True))
 CAST = ("kernel", "w_gate", "w_up", "w_down", "kv_b_proj", "embed")  # the model casts these to dtype
