@@ -213,6 +213,24 @@ def experts(kernels, x_BLD, ids_BLK, weights_BLK, *weights, quant: str = "none",
     return y_TD.reshape(B, L, D).astype(x_BLD.dtype), dropped
 
 
+def decode_layout(target: Target, m, devices: int = 1) -> str:
+    """The layout a sampler decoding model config m on `target` (over `devices` host devices)
+    stores the experts in: "float" off CPU (the scanned model reads the stacks and the registry
+    picks a grouped kernel); on CPU the unrolled decode step's per-layer weights, "packed" for
+    the CPU kernel (PackedExperts, and PackedMatrix where it runs them: float32, where the
+    kernels build and are not slower than XLA's paths) or "split" (per-expert buffers, a
+    ShardedExperts over several devices; C2JAX_CPU_KERNELS=0 forces it)."""
+    if target.platform != "cpu":
+        return "float"
+    import jax
+    import jax.numpy as jnp
+    from c2jax.backends.cpu import kernels as cpu_kernels
+    E, D, F = m.num_experts, m.hidden_size, m.moe_intermediate_size
+    if not E or jnp.dtype(m.dtype) != jnp.float32 or cpu_kernels.unavailable() or cpu_kernels.narrow_vectors():
+        return "split"
+    return "split" if cpu_kernels.packable(jax.ShapeDtypeStruct((E, D, F), jnp.float32), devices) else "packed"
+
+
 def decode_layout_experts(x_TD, ids_TK, weights_TK, experts_):
     """Routed experts of tokens x_TD over one decode layout of the sampler's (per-expert buffers, a
     ShardedExperts, or the CPU kernel's PackedExperts) -> (y_TD, 0.0): dropless."""
