@@ -13,6 +13,9 @@ Letters: T tokens, D width, E experts, K experts per token, F expert width, B ba
 """
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
+
 from c2jax.ops import experts_ep as ep
 from c2jax.ops import experts_xla as xla
 from c2jax.ops.registry import define_op, kernels_choice, record
@@ -222,8 +225,6 @@ def decode_layout(target: Target, m, devices: int = 1) -> str:
     ShardedExperts over several devices; C2JAX_CPU_KERNELS=0 forces it)."""
     if target.platform != "cpu":
         return "float"
-    import jax
-    import jax.numpy as jnp
     from c2jax.backends.cpu import kernels as cpu_kernels
     E, D, F = m.num_experts, m.hidden_size, m.moe_intermediate_size
     if not E or jnp.dtype(m.dtype) != jnp.float32 or cpu_kernels.unavailable() or cpu_kernels.narrow_vectors():
