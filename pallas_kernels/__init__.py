@@ -1,9 +1,9 @@
-"""pallas_kernels: the dispatcher the model calls (c2jax never calls a backend kernel directly).
-
-`impl=`: "auto" | "xla" | "pallas" | "interpret" (Pallas kernels run by the interpreter, for CPU
-tests) | "reference" (pure jnp) | "ragged" (gmm / tgmm only: jax.lax.ragged_dot, XLA's grouped matmul). "auto" needs `platform=` ("cpu" | "gpu" | "tpu": the platform the
-program is compiled for, i.e. the mesh's devices, never the host's default backend): "tpu" -> Pallas
-Mosaic kernels; "gpu" -> XLA (no Pallas GPU kernels yet); "cpu" -> XLA fallback.
+"""pallas_kernels: Pallas kernels with their XLA paths and pure-jnp references, argument checks
+and custom_vjps. They know no model and choose nothing: every entry point runs the path its
+`impl=` names, "xla" | "pallas" (Mosaic, TPU) | "interpret" (the Pallas kernels run by the
+interpreter, for CPU tests) | "reference" (pure jnp) | "ragged" (gmm / tgmm only:
+jax.lax.ragged_dot, XLA's grouped matmul). Which path runs for a target is decided in one place,
+c2jax.ops' registries.
 """
 # Dim letters: M rows, K contraction, N output, G groups (experts), B batch, H q heads,
 # Hk kv heads, L (query) length, S key / cache length, D q/k head dim, Dv v head dim.
@@ -14,9 +14,9 @@ import jax.numpy as jnp
 
 from pallas_kernels._common import (
     check_ndim,
+    check_impl,
     check_quant,
     interpret_params,
-    resolve_impl,
 )
 from pallas_kernels.decode_attention import reference as _dec_ref
 from pallas_kernels.decode_attention import tpu as _dec_tpu
@@ -58,22 +58,21 @@ __all__ = [
 
 
 def gmm(lhs_MK, rhs_GKN, group_sizes_G, *, quant="none", preferred_element_type=jnp.float32,
-        impl="auto", platform=None, tiling=None):
+        impl, tiling=None):
     """Grouped matmul out[m] = lhs[m] @ rhs[group(m)] for rows sorted by group; custom_vjp (MXFP8 backward if quantized).
 
     rhs_GKN may be a QuantizedExperts from quantize_experts (inference: weights stored quantized, forward only).
     """
     return _gmm_ops.gmm(lhs_MK, rhs_GKN, group_sizes_G, quant=quant,
                         preferred_element_type=preferred_element_type,
-                        impl=resolve_impl(impl, platform, grouped=True),
+                        impl=check_impl(impl, grouped=True),
                         tiling=tiling)
 
 
-def tgmm(lhs_MK, dy_MN, group_sizes_G, *, preferred_element_type=jnp.float32, impl="auto", platform=None,
-         tiling=None):
+def tgmm(lhs_MK, dy_MN, group_sizes_G, *, preferred_element_type=jnp.float32, impl, tiling=None):
     """Per-group weight gradient out[g] = lhs[rows of g]^T @ dy[rows of g] -> [G,K,N]."""
     return _gmm_ops.tgmm(lhs_MK, dy_MN, group_sizes_G, preferred_element_type=preferred_element_type,
-                         impl=resolve_impl(impl, platform, grouped=True), tiling=tiling)
+                         impl=check_impl(impl, grouped=True), tiling=tiling)
 
 
 def _check_ids(name, x, b, length, letters):
@@ -135,7 +134,7 @@ def _check_attn(q_BHLD, k_BHSD, v_BHSDv):
 
 def flash_attention(q_BHLD, k_BHSD, v_BHSDv, *, segment_ids_BL=None, q_segment_ids_BL=None,
                     kv_segment_ids_BS=None, q_positions_BL=None, kv_positions_BS=None, causal=True,
-                    sm_scale=None, impl="auto", platform=None, block_sizes=None):
+                    sm_scale=None, impl, block_sizes=None):
     """Attention with segment and causal masks (by index, or key s seen by query l when kv_pos[s] <= q_pos[l]);
     Lq != Lk with positions; GQA (Hk divides H) and MLA (D != Dv) shapes; differentiable."""
     _check_attn(q_BHLD, k_BHSD, v_BHSDv)
@@ -146,12 +145,11 @@ def flash_attention(q_BHLD, k_BHSD, v_BHSDv, *, segment_ids_BL=None, q_segment_i
     if block_sizes is not None and len(block_sizes) != 4:
         raise ValueError(f"block_sizes must be (block_q, block_k, bwd_block_q, bwd_block_k), got {block_sizes}")
     return _fa_ops.flash_attention_op(q_BHLD, k_BHSD, v_BHSDv, *masks, causal=causal, scale=scale,
-                                      impl=resolve_impl(impl, platform),
+                                      impl=check_impl(impl),
                                       blocks=tuple(block_sizes) if block_sizes else _fa_ops.DEFAULT_BLOCKS)
 
 
-def decode_attention(q_BHD, k_cache_BHSD, v_cache_BHSDv, lengths_B, *, sm_scale=None, impl="auto",
-                     platform=None, block_s=_dec_tpu.DEFAULT_BLOCK_S, cache_layout="BHSD"):
+def decode_attention(q_BHD, k_cache_BHSD, v_cache_BHSDv, lengths_B, *, sm_scale=None, impl, block_s=_dec_tpu.DEFAULT_BLOCK_S, cache_layout="BHSD"):
     """One new query token per row against a ragged KV cache (positions >= lengths[b] masked).
     cache_layout "BSHD": the caches are [B, S, Hk, D] (a model's cache layout); the TPU kernel
     reads them in place when each head's D fills whole 128-lane tiles."""
@@ -177,7 +175,7 @@ def decode_attention(q_BHD, k_cache_BHSD, v_cache_BHSDv, lengths_B, *, sm_scale=
     if lengths_B.shape[0] != b:
         raise ValueError(f"lengths_B has {lengths_B.shape[0]} entries, batch is {b}")
     scale = float(d ** -0.5 if sm_scale is None else sm_scale)
-    impl = resolve_impl(impl, platform)
+    impl = check_impl(impl)
     if impl in ("reference", "xla"):
         if cache_layout == "BSHD":
             k_cache_BHSD, v_cache_BHSDv = k_cache_BHSD.transpose(0, 2, 1, 3), v_cache_BHSDv.transpose(0, 2, 1, 3)
@@ -188,8 +186,7 @@ def decode_attention(q_BHD, k_cache_BHSD, v_cache_BHSDv, lengths_B, *, sm_scale=
                                          cache_layout="BSKD" if cache_layout == "BSHD" else "BKSD")
 
 
-def mla_decode_attention(q_latent_BHC, q_rope_BHR, latent_BSC, k_rope_BSR, lengths_B, *, sm_scale, impl="auto",
-                         platform=None, block_s=_dec_tpu.DEFAULT_BLOCK_S):
+def mla_decode_attention(q_latent_BHC, q_rope_BHR, latent_BSC, k_rope_BSR, lengths_B, *, sm_scale, impl, block_s=_dec_tpu.DEFAULT_BLOCK_S):
     """MLA decode over a latent cache (one query per row; positions >= lengths[b] masked): each
     head's latent context [B, H, C] (values are the latents; the caller applies the up-projection)."""
     check_ndim("q_latent_BHC", q_latent_BHC, 3, "B, H, C")
@@ -206,7 +203,7 @@ def mla_decode_attention(q_latent_BHC, q_rope_BHR, latent_BSC, k_rope_BSR, lengt
         raise ValueError(f"k_rope_BSR shape {k_rope_BSR.shape} must be {(b, latent_BSC.shape[1], r)}")
     if lengths_B.shape[0] != b:
         raise ValueError(f"lengths_B has {lengths_B.shape[0]} entries, batch is {b}")
-    impl = resolve_impl(impl, platform)
+    impl = check_impl(impl)
     if impl in ("reference", "xla"):
         return _dec_ref.mla_decode_attention_reference(q_latent_BHC, q_rope_BHR, latent_BSC, k_rope_BSR, lengths_B,
                                                        float(sm_scale))
@@ -216,7 +213,7 @@ def mla_decode_attention(q_latent_BHC, q_rope_BHR, latent_BSC, k_rope_BSR, lengt
 
 
 def qmatmul(x_MK, w, *, quant="int8", mode="weight_only", preferred_element_type=jnp.float32,
-            impl="auto", platform=None, tiling=None):
+            impl, tiling=None):
     """x @ w with quantized weights (w: float [K,N] or QuantizedWeight) and optionally quantized activations."""
     check_ndim("x_MK", x_MK, 2, "M, K")
     if mode not in _qm_ref.MODES:
@@ -234,7 +231,7 @@ def qmatmul(x_MK, w, *, quant="int8", mode="weight_only", preferred_element_type
         raise ValueError(f"quant={quant!r} needs K divisible by {blk}; x_MK has K={x_MK.shape[1]}")
     if not isinstance(w, QuantizedWeight):
         w = quantize_weight(w, quant)
-    impl = resolve_impl(impl, platform)
+    impl = check_impl(impl)
     if impl in ("reference", "xla"):
         return _qm_ref.qmatmul_reference(x_MK, w, mode, preferred_element_type)
     return _qm_tpu.qmatmul_tpu(x_MK, w, mode, preferred_element_type=preferred_element_type,

@@ -1,4 +1,4 @@
-"""Shared helpers for pallas_kernels: impl selection from the target platform, shard_map (vma)
+"""Shared helpers for pallas_kernels: impl name checks, shard_map (vma)
 typing of kernel outputs and cotangents, argument checks, tiling, and the in-kernel pieces several
 Mosaic kernels use (block-scale expansion, online-softmax step)."""
 # Dim letters: KB = K / block scale blocks; tk/tm/tn tile sizes; G query rows, S key block (softmax).
@@ -8,30 +8,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-IMPLS = ("auto", "xla", "pallas", "interpret", "reference", "ragged")
-PLATFORMS = ("cpu", "gpu", "tpu")
+IMPLS = ("xla", "pallas", "interpret", "reference", "ragged")
 QUANTS = ("none", "mxfp8", "nvfp4", "int8")
 
 
-def resolve_impl(impl: str, platform: str | None, *, has_pallas_gpu: bool = False, grouped: bool = False) -> str:
-    """Map impl="auto" to the concrete path for the target `platform` (never the host's backend).
-    "ragged" (jax.lax.ragged_dot) exists for the grouped matmuls only (grouped=True)."""
-    if impl not in IMPLS or (impl == "ragged" and not grouped):
-        names = IMPLS if grouped else tuple(i for i in IMPLS if i != "ragged")
-        raise ValueError(f"impl must be one of {names}, got impl={impl!r}")
-    if platform is not None and platform not in PLATFORMS:
-        raise ValueError(f"platform must be one of {PLATFORMS} or None, got platform={platform!r}")
-    has_pallas = platform == "tpu" or (platform == "gpu" and has_pallas_gpu)
-    if impl == "pallas" and platform is not None and not has_pallas:
-        raise ValueError(f"impl='pallas' needs a platform with these kernels (tpu); platform={platform!r}: "
-                         "use impl='interpret' to run the Pallas kernels in the interpreter, or impl='xla'")
-    if impl != "auto":
-        return impl
-    if platform is None:
-        raise ValueError("impl='auto' needs the target platform: pass platform='cpu'|'gpu'|'tpu' (the "
-                         "platform of the mesh's devices, e.g. mesh.devices.flat[0].platform), or pin "
-                         f"impl to one of {IMPLS[1:]}")
-    return "pallas" if has_pallas else "xla"
+def check_impl(impl: str, *, grouped: bool = False) -> str:
+    """Validate a kernel path name: "xla", "pallas" (Mosaic, TPU), "interpret", "reference", or
+    "ragged" (jax.lax.ragged_dot; the grouped matmuls only, grouped=True). Which one runs on a
+    target is c2jax.ops' choice, not this package's."""
+    names = IMPLS if grouped else tuple(i for i in IMPLS if i != "ragged")
+    if impl not in names:
+        raise ValueError(f"impl must be one of {names}, got impl={impl!r} (c2jax.ops chooses the implementation "
+                         "for a target)")
+    return impl
 
 
 def check_quant(quant: str) -> str:

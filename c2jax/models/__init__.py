@@ -4,5 +4,5 @@ from c2jax.models.transformer import (ForwardOutput, Transformer, abstract_param
                                       init_cache, init_params, layer_counts,
                                       logical_axes, param_count)
 from c2jax.models.moe import update_router_bias  # noqa: F401
-from c2jax.models.prepared import Weights  # noqa: F401
+from c2jax.ops.weights import Weights  # noqa: F401
 from c2jax.models.sharding import param_shardings  # noqa: F401

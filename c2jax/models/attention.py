@@ -12,20 +12,9 @@ from __future__ import annotations
 import flax.linen as nn
 import jax.numpy as jnp
 
-from c2jax.ops import attention as attention_ops
-from c2jax.ops.attention import write_cache
 from c2jax.models.layers import (Linear, LinearWeights, RMSNorm, apply_rope, dtype_of, fused_linears, kernels_of,
-                                 rope_frequencies,
-                                 rope_tables, rotate, softmax_scale)
-from c2jax.ops.attention_xla import (DECODE_MAX_QUERIES, attention_mask, causal_block_attention,  # noqa: F401
-                                     dot_product_attention, mla_absorbed_attention)
-from c2jax.ops import attention_cp as cp
-from c2jax.parallel.context import cp_active
-
-
-def _cp_prefill(L: int) -> bool:
-    """Cache path with more than DECODE_MAX_QUERIES tokens under an active context axis."""
-    return cp.cp_prefill_active(L)
+                                 rope_frequencies, rope_tables, rotate, softmax_scale)
+from c2jax.ops import attention as attention_ops
 
 
 class GQAAttention(nn.Module):
@@ -56,24 +45,8 @@ class GQAAttention(nn.Module):
         else:
             q, k = rotate(q, *tables), rotate(k, *tables)
         q = nn.with_logical_constraint(q, ("batch", "length", "heads", "head_dim"))
-        scale = P ** -0.5
-        if cache is None:
-            out = attention_ops.attention(kn, q, k, v, positions_BL, segment_ids_BL, scale)
-            new_cache = None
-        elif _cp_prefill(L):
-            # prefill under context parallelism: gather the new K/V, write the cache, local queries
-            out, ck, cv = cp.gqa_context_prefill(q, k, v, positions_BL, cache["k"], cache["v"], scale)
-            new_cache = {"k": ck, "v": cv}
-        else:
-            new_cache = {"k": write_cache(cache["k"], k, positions_BL),
-                         "v": write_cache(cache["v"], v, positions_BL)}
-            S = min(self.span or new_cache["k"].shape[1], new_cache["k"].shape[1])
-            k_BSGP, v_BSGP = (new_cache[n][:, :S].astype(dt) for n in ("k", "v"))
-            if L <= DECODE_MAX_QUERIES:
-                out = attention_ops.decode_attention(kn, q, k_BSGP, v_BSGP, positions_BL, scale)
-            else:   # prefill into the cache: queries against every slot, masked by position
-                slots_BS = jnp.broadcast_to(jnp.arange(S, dtype=jnp.int32), (B, S))
-                out = dot_product_attention(q, k_BSGP, v_BSGP, attention_mask(positions_BL, slots_BS), scale)
+        out, new_cache = attention_ops.gqa_attention(kn, q, k, v, positions_BL, segment_ids_BL, P ** -0.5, dt,
+                                                     cache, self.span)
         out = nn.with_logical_constraint(out, ("batch", "length", "heads", "head_dim"))
         return Linear(m.hidden_size, ("heads", "embed"), name="o_proj", dtype=dt, param_dtype=pdt,
                       init_std=m.init_std, kernels=kn)(out.reshape(B, L, H * P)), new_cache
@@ -114,29 +87,8 @@ class MLAAttention(nn.Module):
         kv_b = self.param("kv_b_proj", nn.with_logical_partitioning(
             nn.initializers.normal(m.init_std), ("kv_latent", "heads")), (C, H * (N + O)), pdt)
         kv_b_CHX = kv_b.astype(dt).reshape(C, H, N + O)
-        scale = softmax_scale(N + R, m)
-        # context parallelism when the mesh has a context axis > 1
-        if cache is None and cp_active(L):
-            out = attention_ops.mla_context_attention(kn, q_nope, q_rope, latent_BLC, k_rope_BLR, kv_b_CHX,
-                                                      positions_BL, segment_ids_BL, scale, dt)
-            new_cache = None
-        elif cache is None:
-            kv = jnp.einsum("blc,chx->blhx", latent_BLC, kv_b_CHX)
-            k = jnp.concatenate([kv[..., :N], jnp.broadcast_to(k_rope_BLR[:, :, None], (B, L, H, R))], -1)
-            qf = jnp.concatenate([q_nope, q_rope], -1)
-            out = attention_ops.attention(kn, qf, k, kv[..., N:], positions_BL, segment_ids_BL, scale)
-            new_cache = None
-        elif _cp_prefill(L):
-            # prefill under context parallelism: gather the new latents, write the cache, local queries
-            out, cl, ckr = cp.mla_context_prefill(q_nope, q_rope, latent_BLC, k_rope_BLR, kv_b_CHX, positions_BL,
-                                                  cache["latent"], cache["k_rope"], scale, dt)
-            new_cache = {"latent": cl, "k_rope": ckr}
-        else:
-            new_cache = {"latent": write_cache(cache["latent"], latent_BLC, positions_BL),
-                         "k_rope": write_cache(cache["k_rope"], k_rope_BLR, positions_BL)}
-            S = self.span or new_cache["latent"].shape[1]
-            out = attention_ops.mla_cache_attention(kn, q_nope, q_rope, new_cache["latent"][:, :S],
-                                                    new_cache["k_rope"][:, :S], kv_b_CHX, positions_BL, scale, dt)
+        out, new_cache = attention_ops.mla_attention(kn, q_nope, q_rope, latent_BLC, k_rope_BLR, kv_b_CHX, positions_BL,
+                                                     segment_ids_BL, softmax_scale(N + R, m), dt, cache, self.span)
         out = nn.with_logical_constraint(out, ("batch", "length", "heads", "head_dim"))
         return Linear(m.hidden_size, ("heads", "embed"), name="o_proj", **kw)(
             out.reshape(B, L, H * O)), new_cache

@@ -9,8 +9,8 @@ import math
 import flax.linen as nn
 import jax.numpy as jnp
 
-from c2jax.models.prepared import prepared_weight
 from c2jax.ops import layers as ops_layers
+from c2jax.ops import weights
 from c2jax.ops.layers import cpu_product, rms_norm, rotate  # noqa: F401  (re-exported)
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -53,15 +53,14 @@ class LinearWeights(Linear):
 
 
 def _linear_params(mod, in_features: int):
-    pre = prepared_weight(mod, "kernel")   # pre-quantized or packed by the sampler (c2jax.models.prepared)
-    if pre is None:
-        pre = mod.param("kernel", nn.with_logical_partitioning(nn.initializers.normal(mod.init_std), mod.axes),
-                        (in_features, mod.features), mod.param_dtype)
+    # the float kernel, or the layout the sampler stored for it (pre-quantized, packed: c2jax.ops.weights)
+    kernel = weights.weight(mod, "kernel", nn.initializers.normal(mod.init_std), mod.axes,
+                            (in_features, mod.features), mod.param_dtype)
     bias = None
     if mod.use_bias:
         bias = mod.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, mod.axes[1:]),
                          (mod.features,), mod.param_dtype)
-    return pre, bias
+    return kernel, bias
 
 
 def fused_linears(x, weights, dtype, kernels=None):

@@ -14,8 +14,8 @@ import jax
 import jax.numpy as jnp
 
 from c2jax.models.layers import MLP, dtype_of, kernels_of
-from c2jax.models.prepared import prepared_weight
 from c2jax.ops import experts as experts_ops
+from c2jax.ops import weights
 from c2jax.ops.experts_xla import (ShardedExperts, block_dispatch, capacity_dispatch,  # noqa: F401  (re-exported)
                                    ffn_column_split, gather_dispatch, grouped_dispatch, shard_experts, sort_assignments,
                                    split_experts, window_widths)
@@ -116,15 +116,6 @@ def make_dropless(m) -> None:
     m.moe_dispatch = "dropless"
 
 
-def _expert_weight(mod, name, init, axes, shape, pdt, dt):
-    """A float expert weight param, or the weight stored prepared under its name (the sampler's
-    pre-quantized QuantizedExperts: gmm reads the quantized values directly)."""
-    w = prepared_weight(mod, name)
-    if w is not None:
-        return w
-    return mod.param(name, nn.with_logical_partitioning(init, axes), shape, pdt).astype(dt)
-
-
 class MoE(nn.Module):
     """Routed experts (+ shared experts). Returns (y_BLD, aux) with aux holding the chosen expert
     ids, per-expert load, auxiliary losses and the dropped fraction."""
@@ -149,14 +140,11 @@ class MoE(nn.Module):
         logits_TE = jnp.einsum("td,de->te", x_TD.astype(jnp.float32), router_w.astype(jnp.float32))
         forced = None if forced_ids_BLK is None else forced_ids_BLK.reshape(B * L, K)
         ids_TK, weights_TK, scores_TE, replaced_TK = select_experts(logits_TE, bias, m, forced)
-        x_TD = x_TD.astype(dt)
-        experts = prepared_weight(self, "experts")
-        if experts is not None:
-            # per-expert weight buffers stored by c2jax.sampling.unrolled (the CPU decode path)
-            y_TD, dropped = experts_ops.decode_layout_experts(x_TD, ids_TK, weights_TK, experts)
-        else:
-            y_TD, dropped = self._dispatch(x_TD, ids_TK, weights_TK, B, L, stacked)
-        y_BLD = y_TD.reshape(B, L, D)
+        # the routed experts' weights, or the decode layout the sampler stored for them (c2jax.ops.weights)
+        experts = weights.prepared_or(self, "experts", self._expert_weights)
+        y_BLD, dropped = experts_ops.experts(kernels_of(m), x_TD.astype(dt).reshape(B, L, D), ids_TK.reshape(B, L, K),
+                                             weights_TK.reshape(B, L, K), experts, quant=m.quant,
+                                             capacity_factor=capacity_factor_of(m), stacked=stacked)
         if m.num_shared_experts:
             y_BLD = y_BLD + MLP(F * m.num_shared_experts, dt, pdt, m.init_std, kernels_of(m),
                                 name="shared")(x_BLD)
@@ -177,20 +165,15 @@ class MoE(nn.Module):
             aux["route_agree"] = agree_T.reshape(B, L)
         return y_BLD.astype(x_BLD.dtype), aux
 
-    def _dispatch(self, x_TD, ids_TK, weights_TK, B, L, stacked=None):
-        """Routed experts over the stacked [E, ...] weights (declared here): EP, gather, grouped or
-        capacity dispatch. Returns (y_TD, dropped fraction)."""
+    def _expert_weights(self):
+        """(w_gate [E, D, F], w_up [E, D, F], w_down [E, F, D]) in the compute dtype, each the
+        float param or the form stored prepared for it (pre-quantized QuantizedExperts)."""
         m = self.cfg
         dt, pdt = dtype_of(m.dtype), dtype_of(m.param_dtype)
-        D = x_TD.shape[-1]
-        E, K, F = m.num_experts, m.num_experts_per_tok, m.moe_intermediate_size
+        D, E, F = m.hidden_size, m.num_experts, m.moe_intermediate_size
         init = nn.initializers.normal(m.init_std)
-        axes = ("expert_weights", "expert_embed", "expert_mlp")
-        w_gate = _expert_weight(self, "w_gate", init, axes, (E, D, F), pdt, dt)
-        w_up = _expert_weight(self, "w_up", init, axes, (E, D, F), pdt, dt)
-        w_down = _expert_weight(self, "w_down", init, ("expert_weights", "expert_mlp", "expert_embed"), (E, F, D), pdt, dt)
-        y_BLD, dropped = experts_ops.experts(kernels_of(m), x_TD.reshape(B, L, D),
-                                             ids_TK.reshape(B, L, K), weights_TK.reshape(B, L, K), w_gate, w_up,
-                                             w_down, quant=m.quant, capacity_factor=capacity_factor_of(m),
-                                             stacked=stacked)
-        return y_BLD.reshape(B * L, D), dropped
+        up = ("expert_weights", "expert_embed", "expert_mlp")
+        return (weights.weight(self, "w_gate", init, up, (E, D, F), pdt, dt),
+                weights.weight(self, "w_up", init, up, (E, D, F), pdt, dt),
+                weights.weight(self, "w_down", init, ("expert_weights", "expert_mlp", "expert_embed"), (E, F, D),
+                               pdt, dt))

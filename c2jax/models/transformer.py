@@ -12,15 +12,15 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 
 from c2jax.models.attention import GQAAttention, MLAAttention, init_layer_cache
-from c2jax.ops.stacked import LayerExperts
-from c2jax.ops.attention_xla import DECODE_MAX_QUERIES
-from c2jax.parallel import context as cpx
+from c2jax.ops import stacked as stacked_view
+from c2jax.ops import sequence
 from c2jax.models.layers import MLP, Linear, RMSNorm, dtype_of, kernels_of
 from c2jax.models.moe import MoE, make_dropless
-from c2jax.models.prepared import PREPARED, variables
-from c2jax.parallel.embed import embed_lookup
+from c2jax.ops.weights import PREPARED, variables
+from c2jax.ops.embed import embed_lookup
 
 
 SCANNED_STACKS = ("dense_layers", "moe_layers")  # the params' layer-stacked subtrees (leading axis: layer)
@@ -83,7 +83,7 @@ class ScanBody(nn.Module):
         block = Block
         if self.cfg.remat == "full":
             block = nn.remat(Block, prevent_cse=False)
-        stacked = None if expert_stacks is None else LayerExperts(*expert_stacks, layer)
+        stacked = stacked_view.layer_view(expert_stacks, layer)
         x_BLD, aux, new_cache = block(self.cfg, self.moe, name="block")(
             x_BLD, positions_BL, segment_ids_BL, forced, cache, stacked)
         return x_BLD, (aux, new_cache)
@@ -155,11 +155,9 @@ class MTPShift(NamedTuple):
 
 
 def mtp_shift(length: int, d: int) -> MTPShift:
-    """MTPShift of depth d for rows of `length` tokens under the active mesh (in token order
-    outside context parallelism: plain shifts)."""
-    import numpy as np
-    cp = cpx.context_size() if cpx.cp_active(length) else 1
-    order = cpx.zigzag_order(length, cp) if cp > 1 and length % (2 * cp) == 0 else np.arange(length)
+    """MTPShift of depth d for rows of `length` tokens in the order the active mesh runs them
+    (c2jax.ops.sequence.token_order: plain shifts outside context parallelism)."""
+    order = sequence.token_order(length)
     inv = np.argsort(order)
     ahead, back = order + d, order - d
     return MTPShift(inv[np.minimum(ahead, length - 1)], ahead < length, inv[np.maximum(back, 0)], back >= 0)
@@ -194,9 +192,11 @@ class Transformer(nn.Module):
                 None)
             new_cache["dense"] = c
         if n_moe:
+            # the expert stacks as stored, for a kernel that reads a layer of them in place (c2jax.ops.stacked)
+            stacks = stacked_view.stacks_of(self, (SCANNED_STACKS[1], "block", "moe"), ("w_gate", "w_up", "w_down"), dt)
             x, (moe_aux, c) = _stack(m, True, n_moe, SCANNED_STACKS[1])(
                 x, (forced_ids_NBLK, cache.get("moe"), jnp.arange(n_moe, dtype=jnp.int32)), positions_BL,
-                segment_ids_BL, self._expert_stacks())
+                segment_ids_BL, stacks)
             new_cache["moe"] = c
             aux.update(moe_aux)
         hidden_BLD = x
@@ -240,17 +240,6 @@ class Transformer(nn.Module):
         if run_mtp:
             aux["mtp_logits"] = jnp.stack([project(h) for h in mtp_normed])
         return logits, aux, (new_cache if cache else None)
-
-    def _expert_stacks(self):
-        """The MoE layers' stacked (w_gate, w_up, w_down) params, for the CPU expert kernel to read
-        a layer in place (c2jax.ops.stacked.LayerExperts); None at init, when the layers compute in another
-        dtype than the params (they use cast copies), or when they are stored prepared."""
-        m = self.cfg
-        if self.is_initializing() or dtype_of(m.dtype) != dtype_of(m.param_dtype):
-            return None
-        moe = self.variables.get("params", {}).get(SCANNED_STACKS[1], {}).get("block", {}).get("moe", {})
-        ws = tuple(moe.get(k) for k in ("w_gate", "w_up", "w_down"))
-        return ws if all(w is not None for w in ws) else None   # absent: stored prepared
 
 
 # ----------------------------------------------------------------------------- functional API
@@ -313,7 +302,7 @@ def forward(cfg, params, tokens_BL, positions_BL=None, segment_ids_BL=None, *,
             forced_expert_ids=None, return_aux: bool = False, head: bool = True, train_dispatch: bool = False,
             mtp: bool | None = None, mtp_trunk_grad: bool = True):
     """Logits float32 [B, L, V] for int32 tokens [B, L]; with return_aux a ForwardOutput.
-    params: the params dict, or c2jax.models.prepared.Weights (some weights stored prepared).
+    params: the params dict, or c2jax.ops.weights.Weights (some weights stored prepared).
 
     forced_expert_ids: int [N_moe, B, L, K] replays recorded routing (router replay).
     head=False: the final-normed hidden states [B, L, D] in place of the logits, for losses that
@@ -427,30 +416,15 @@ def flops_per_token(cfg, seq_len: int, training: bool = True) -> float:
 
 
 def context_prefill(cfg, params, tokens_BL, positions_BL, cache):
-    """`forward_with_cache` with the 2*CP zigzag causal load balance under an active CP mesh:
-    pads each row to a multiple of 2*CP (pad tokens get position S = cache length, so their
-    cache writes are dropped and no real query sees them), zigzag-permutes tokens and positions,
-    runs the model (whose attention then takes the CP prefill path) and returns
-    ForwardOutput(logits [B, L, V] in the original token order, aux, new cache). aux's per-token
-    arrays (expert_ids [N, B, L, K]) are returned in the original order too; aggregate stats
-    (expert_load) include the pad tokens. Outside a CP mesh it is forward_with_cache."""
-    tokens_BL = jnp.asarray(tokens_BL, jnp.int32)
-    positions_BL = jnp.asarray(positions_BL, jnp.int32)
-    B, L = tokens_BL.shape
-    cp = cpx.context_size()
-    if cp <= 1 or not cpx.cp_active():
-        return forward_with_cache(cfg, params, tokens_BL, positions_BL, cache)
-    Lp = -(-L // (2 * cp)) * (2 * cp)
-    if Lp <= DECODE_MAX_QUERIES:
-        return forward_with_cache(cfg, params, tokens_BL, positions_BL, cache)
+    """`forward_with_cache` on rows laid out for the active mesh (c2jax.ops.sequence.prefill_layout:
+    under context parallelism padded to a multiple of 2*CP and zigzag-permuted, so the attention
+    takes its CP prefill path) -> ForwardOutput(logits [B, L, V] in the original token order, aux,
+    new cache). aux's per-token arrays (expert_ids [N, B, L, K]) come back in the original order
+    too; aggregate stats (expert_load) include any pad tokens."""
     S = jax.tree.leaves(cache)[0].shape[2]   # stacked caches: [layers, B, S, ...]
-    if Lp > L:
-        tokens_BL = jnp.pad(tokens_BL, ((0, 0), (0, Lp - L)))
-        positions_BL = jnp.pad(positions_BL, ((0, 0), (0, Lp - L)), constant_values=S)
-    tokens_BL, positions_BL = cpx.zigzag_permute((tokens_BL, positions_BL), cp)
+    tokens_BL, positions_BL, restore = sequence.prefill_layout(tokens_BL, positions_BL, S)
     out = forward_with_cache(cfg, params, tokens_BL, positions_BL, cache)
-    logits = cpx.zigzag_unpermute(out.logits, cp)[:, :L]
     aux = dict(out.aux)
     if "expert_ids" in aux:
-        aux["expert_ids"] = cpx.zigzag_unpermute(aux["expert_ids"], cp, axis=2)[:, :, :L]
-    return ForwardOutput(logits, aux, out.cache)
+        aux["expert_ids"] = restore(aux["expert_ids"], axis=2)
+    return ForwardOutput(restore(out.logits, axis=1), aux, out.cache)

@@ -1,4 +1,5 @@
-"""`python -m c2jax.ops`: every op, its implementations and its auto order per platform."""
+"""`python -m c2jax.ops`: every op, its implementations, its auto order per platform and the
+paths it takes across a mesh around an implementation."""
 from c2jax.ops import load_all
 
 
@@ -9,7 +10,9 @@ def main() -> None:
         for platform, order in op.auto.items():
             print(f"  auto on {platform}: {' > '.join(order)}")
         for impl in op.impls.values():
-            print(f"  {impl.name:24s} {impl.doc.strip().splitlines()[0] if impl.doc.strip() else ''}")
+            print(f"  {impl.name:28s} {impl.doc.strip().splitlines()[0] if impl.doc.strip() else ''}")
+        for path, doc in op.paths.items():
+            print(f"  {path + '(...)':28s} across a mesh: {doc}")
 
 
 if __name__ == "__main__":

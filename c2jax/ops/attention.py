@@ -283,3 +283,137 @@ def mla_cache_attention(kernels, q_nope_BLHN, q_rope_BLHR, latent_BSC, k_rope_BS
 def write_cache(cache_BS_, new_BL_, positions_BL):
     """Write new entries into cache rows at their positions (out-of-range positions dropped)."""
     return xla.write_cache(cache_BS_, new_BL_, positions_BL, per_entry=current_target().platform == "cpu")
+
+
+# ----------------------------------------------------------------------------- the attention layers' paths
+# Which way a GQA or MLA layer attends follows from the call: a KV cache or none, how many queries
+# a row brings, and the mesh (context parallelism). Each path is an implementation of its own op,
+# chosen by these facts alone (no config field), recorded like every choice; inside it the kernel
+# ops above pick the kernels.
+
+_PATH_FIELD = "the call (cache, queries per row, mesh)"
+GQA_ATTENTION = define_op("gqa_attention", {"*": ("context_prefill", "cache_decode", "cache_prefill",
+                                                  "context_parallel", "packed")}, field=_PATH_FIELD)
+MLA_ATTENTION = define_op("mla_attention", {"*": ("context_prefill", "latent_cache", "context_parallel",
+                                                  "packed")}, field=_PATH_FIELD)
+
+
+def _path(*, cache: bool, cp: bool | None = None, decode: bool | None = None):
+    """supported() of a path: the call has (cache) or lacks a cache, runs under context
+    parallelism (cp; None: either way) and brings at most DECODE_MAX_QUERIES queries (decode)."""
+    def ok(target: Target, **spec):
+        if spec["cache"] != cache:
+            return "a KV cache path" if cache else "the path without a KV cache"
+        if cp is not None and spec["cp"] != cp:
+            return "context parallelism on the mesh" if cp else "no context-parallel mesh"
+        if decode is not None and (spec["L"] <= DECODE_MAX_QUERIES) != decode:
+            return f"at most {DECODE_MAX_QUERIES} queries per row" if decode else \
+                f"more than {DECODE_MAX_QUERIES} queries per row"
+        return None
+    return ok
+
+
+def _path_spec(L: int, cache) -> dict:
+    has_cache = cache is not None
+    return dict(L=L, cache=has_cache, cp=cp.cp_prefill_active(L) if has_cache else cp_active(L))
+
+
+def gqa_attention(kernels, q_BLHP, k_BLGP, v_BLGP, positions_BL, segment_ids_BL, scale: float, dtype,
+                  cache=None, span: int | None = None):
+    """GQA attention of new tokens -> (out [B, L, H, P], the updated cache {"k", "v"} or None).
+    Without a cache: causal self-attention of packed rows (under context parallelism its context
+    path). With a cache: the new K/V written at their positions (slot index == position), then
+    the queries attend slots [0, span) (span static, None = all): decode for a few queries per
+    row, a masked prefill for more, the context-parallel prefill under a context axis."""
+    impl = GQA_ATTENTION.select("auto", current_target(), **_path_spec(q_BLHP.shape[1], cache))
+    return impl.fn(kernels, q_BLHP, k_BLGP, v_BLGP, positions_BL, segment_ids_BL, scale, dtype, cache, span)
+
+
+@GQA_ATTENTION.register("packed", _path(cache=False, cp=False), doc="the attention op over packed rows")
+@GQA_ATTENTION.register("context_parallel", _path(cache=False, cp=True),
+                        doc="the attention op's context-parallel form (c2jax.ops.attention_cp)")
+def _gqa_self(kernels, q, k, v, positions_BL, segment_ids_BL, scale, dtype, cache, span):
+    return attention(kernels, q, k, v, positions_BL, segment_ids_BL, scale), None
+
+
+@GQA_ATTENTION.register("context_prefill", _path(cache=True, cp=True),
+                        doc="CP prefill: gather the new K/V, write the cache, attend the local queries")
+def _gqa_context_prefill(kernels, q, k, v, positions_BL, segment_ids_BL, scale, dtype, cache, span):
+    out, ck, cv = cp.gqa_context_prefill(q, k, v, positions_BL, cache["k"], cache["v"], scale)
+    return out, {"k": ck, "v": cv}
+
+
+def _gqa_cache_keys(k, v, positions_BL, dtype, cache, span):
+    new_cache = {"k": write_cache(cache["k"], k, positions_BL), "v": write_cache(cache["v"], v, positions_BL)}
+    S = min(span or new_cache["k"].shape[1], new_cache["k"].shape[1])
+    k_BSGP, v_BSGP = (new_cache[n][:, :S].astype(dtype) for n in ("k", "v"))
+    return new_cache, k_BSGP, v_BSGP
+
+
+@GQA_ATTENTION.register("cache_decode", _path(cache=True, cp=False, decode=True),
+                        doc="a few queries per row against the cache: the decode_attention op")
+def _gqa_cache_decode(kernels, q, k, v, positions_BL, segment_ids_BL, scale, dtype, cache, span):
+    new_cache, k_BSGP, v_BSGP = _gqa_cache_keys(k, v, positions_BL, dtype, cache, span)
+    return decode_attention(kernels, q, k_BSGP, v_BSGP, positions_BL, scale), new_cache
+
+
+@GQA_ATTENTION.register("cache_prefill", _path(cache=True, cp=False, decode=False),
+                        doc="prefill into the cache: the queries against every slot, masked by position")
+def _gqa_cache_prefill(kernels, q, k, v, positions_BL, segment_ids_BL, scale, dtype, cache, span):
+    new_cache, k_BSGP, v_BSGP = _gqa_cache_keys(k, v, positions_BL, dtype, cache, span)
+    B, S = k_BSGP.shape[:2]
+    return xla.dot_product_attention(q, k_BSGP, v_BSGP, attention_mask(positions_BL, _slots(B, S)), scale), new_cache
+
+
+def mla_attention(kernels, q_nope_BLHN, q_rope_BLHR, latent_BLC, k_rope_BLR, kv_b_CHX, positions_BL,
+                  segment_ids_BL, scale: float, dtype, cache=None, span: int | None = None):
+    """MLA attention of new tokens from their latents -> (out [B, L, H, O], the updated cache
+    {"latent", "k_rope"} or None). Without a cache: per-head K/V expanded from the latents and
+    the attention op (under context parallelism the latents are gathered and expanded per
+    rank). With a cache: only the latents and rotary keys are stored, and the queries attend
+    them in the latent space (the up-projection absorbed), over slots [0, span); under a context
+    axis the context-parallel prefill."""
+    impl = MLA_ATTENTION.select("auto", current_target(), **_path_spec(q_nope_BLHN.shape[1], cache))
+    return impl.fn(kernels, q_nope_BLHN, q_rope_BLHR, latent_BLC, k_rope_BLR, kv_b_CHX, positions_BL, segment_ids_BL,
+                   scale, dtype, cache, span)
+
+
+@MLA_ATTENTION.register("packed", _path(cache=False, cp=False),
+                        doc="per-head K/V expanded from the latents, the attention op over packed rows")
+def _mla_packed(kernels, q_nope, q_rope, latent_BLC, k_rope_BLR, kv_b_CHX, positions_BL, segment_ids_BL, scale,
+                dtype, cache, span):
+    B, L, H, N = q_nope.shape
+    R = k_rope_BLR.shape[-1]
+    kv = jnp.einsum("blc,chx->blhx", latent_BLC, kv_b_CHX)
+    k = jnp.concatenate([kv[..., :N], jnp.broadcast_to(k_rope_BLR[:, :, None], (B, L, H, R))], -1)
+    qf = jnp.concatenate([q_nope, q_rope], -1)
+    return attention(kernels, qf, k, kv[..., N:], positions_BL, segment_ids_BL, scale), None
+
+
+@MLA_ATTENTION.register("context_parallel", _path(cache=False, cp=True),
+                        doc="the latents gathered over the context axis and expanded per rank (c2jax.ops.attention_cp)")
+def _mla_context(kernels, q_nope, q_rope, latent_BLC, k_rope_BLR, kv_b_CHX, positions_BL, segment_ids_BL, scale,
+                 dtype, cache, span):
+    return mla_context_attention(kernels, q_nope, q_rope, latent_BLC, k_rope_BLR, kv_b_CHX, positions_BL,
+                                 segment_ids_BL, scale, dtype), None
+
+
+@MLA_ATTENTION.register("context_prefill", _path(cache=True, cp=True),
+                        doc="CP prefill: gather the new latents, write the cache, attend the local queries")
+def _mla_context_prefill(kernels, q_nope, q_rope, latent_BLC, k_rope_BLR, kv_b_CHX, positions_BL, segment_ids_BL,
+                         scale, dtype, cache, span):
+    out, cl, ckr = cp.mla_context_prefill(q_nope, q_rope, latent_BLC, k_rope_BLR, kv_b_CHX, positions_BL,
+                                          cache["latent"], cache["k_rope"], scale, dtype)
+    return out, {"latent": cl, "k_rope": ckr}
+
+
+@MLA_ATTENTION.register("latent_cache", _path(cache=True, cp=False),
+                        doc="write the latents, attend them in the latent space: the mla_cache_attention op")
+def _mla_latent_cache(kernels, q_nope, q_rope, latent_BLC, k_rope_BLR, kv_b_CHX, positions_BL, segment_ids_BL,
+                      scale, dtype, cache, span):
+    new_cache = {"latent": write_cache(cache["latent"], latent_BLC, positions_BL),
+                 "k_rope": write_cache(cache["k_rope"], k_rope_BLR, positions_BL)}
+    S = span or new_cache["latent"].shape[1]
+    out = mla_cache_attention(kernels, q_nope, q_rope, new_cache["latent"][:, :S], new_cache["k_rope"][:, :S],
+                              kv_b_CHX, positions_BL, scale, dtype)
+    return out, new_cache

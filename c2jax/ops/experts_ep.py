@@ -56,6 +56,12 @@ def ep_active() -> bool:
     return axes_size(ep_axes()) > 1
 
 
+def exchange_name() -> str:
+    """The EP path the mesh settings choose: "ep_ragged_all_to_all" (mesh.ep_exchange="ragged") or
+    "ep_all_to_all"."""
+    return "ep_ragged_all_to_all" if parallel_setting("ep_exchange", "capacity") == "ragged" else "ep_all_to_all"
+
+
 def _quantized_all_to_all(x_RD, axes, quant: str, out_dtype):
     """all-to-all of token rows in the expert dtype: MXFP8 (E4M3 values + one E8M0 scale per 32)
     when quantized and D % 32 == 0, else out_dtype. The backward sends cotangents in out_dtype."""

@@ -37,6 +37,11 @@ class Op:
 
     def __init__(self, name: str, auto: dict[str, tuple[str, ...]], field: str):
         self.name, self.auto, self.field, self.impls = name, auto, field, {}
+        self.paths: dict[str, str] = {}   # how the op runs across a mesh around an implementation: name -> doc
+
+    def path(self, name: str, doc: str) -> None:
+        """Declare a mesh path `name` (recorded as "name(implementation)", see record)."""
+        self.paths[name] = doc
 
     def register(self, name: str, supported: Callable[..., str | None] | None = None, doc: str = "",
                  auto_skip: Callable[..., str | None] | None = None):
@@ -100,11 +105,17 @@ _RECORDS: contextvars.ContextVar = contextvars.ContextVar("c2jax_kernel_choices"
 
 
 def _record(op: str, impl: Impl) -> Impl:
+    record(op, impl.name)
+    return impl
+
+
+def record(op: str, name: str) -> None:
+    """Count one traced call site of `op` running `name` (an implementation, or a mesh path around
+    one: "ep_all_to_all(pallas_gmm)") in the active record_choices block."""
     rec = _RECORDS.get()
     if rec is not None:
         rec.setdefault(op, {})
-        rec[op][impl.name] = rec[op].get(impl.name, 0) + 1
-    return impl
+        rec[op][name] = rec[op].get(name, 0) + 1
 
 
 @contextlib.contextmanager

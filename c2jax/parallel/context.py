@@ -10,7 +10,7 @@ so the permuted sequence computes exactly the same values (packed segments inclu
 This module holds the layout and whether CP is on (`cp_active`, `context_size`, `cp_impl`);
 the attention that runs under it (MLA latent all-gather, GQA ring / all-gather, prefill into a
 KV cache) is an implementation of the attention ops: c2jax.ops.attention_cp.
-`c2jax.models.transformer.context_prefill` wraps forward_with_cache with the zigzag.
+c2jax.ops.sequence lays rows out in this order for the model (MTP shifts, cache prefill).
 """
 from __future__ import annotations
 

@@ -16,6 +16,7 @@ from typing import Any
 import jax
 
 from c2jax.models import transformer as tfm
+from c2jax.ops.registry import record
 from c2jax.sampling import quantized, unrolled
 
 LAYOUTS = ("float", "quantized", "split", "packed")
@@ -43,7 +44,9 @@ def prepare(m, params, *, quant_scope: str = "none", split_decode: bool = False,
 
 def decode_step(m, w: DecodeWeights, tokens_BL, positions_BL, cache, span: int | None = None) -> tfm.ForwardOutput:
     """One decode forward on the cache: the unrolled step over w.split (per-layer caches; span:
-    attention reads slots [0, span)), else the model's scanned forward_with_cache on w.model."""
+    attention reads slots [0, span)), else the model's scanned forward_with_cache on w.model.
+    The layout is recorded with the ops' choices (c2jax.ops.record_choices: "decode_layout")."""
+    record("decode_layout", w.layout)
     if w.split is not None:
         return unrolled.decode_step(m, w.split, tokens_BL, positions_BL, cache, span)
     return tfm.forward_with_cache(m, w.model, tokens_BL, positions_BL, cache)

@@ -43,6 +43,8 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from c2jax.models import transformer as tfm
+from c2jax.ops.experts import decode_layout
+from c2jax.ops.target import current_target
 from c2jax.sampling import decode_weights
 from c2jax.sampling import logits as lg
 from c2jax.sampling import unrolled
@@ -277,6 +279,12 @@ class MeshLayout:
         return jax.tree.map(lambda x: NamedSharding(self.mesh, PartitionSpec(self.batch_spec)), state)
 
 
+def _split_by_default(model_cfg) -> bool:
+    """Whether this process's device decodes through the unrolled step by default: the registry
+    picks a split or packed decode layout for it (c2jax.ops.experts.decode_layout), not the stacks."""
+    return decode_layout(current_target(), model_cfg) != "float"
+
+
 SPECULATIVE_MODES = ("auto", "mtp", "none")   # Sampler(speculative=...); c2jax.rl.config names the same
 
 
@@ -287,7 +295,7 @@ def auto_speculative(model_cfg, split_decode, mesh, decode_devices: int) -> str:
     trade-off: experiments/bench/speculative.py); the speculative caches have no mesh layout yet."""
     if not int(model_cfg.num_mtp_layers) or decode_devices != 1 or split_decode or mesh is not None:
         return "none"
-    if split_decode is None and jax.default_backend() == "cpu" and unrolled.supported(model_cfg) is None:
+    if split_decode is None and _split_by_default(model_cfg) and unrolled.supported(model_cfg) is None:
         return "none"
     return "mtp"
 
@@ -352,7 +360,7 @@ class Sampler:
             speculative = auto_speculative(self.model_cfg, split_decode, mesh, decode_devices)
         why_not = unrolled.supported(self.model_cfg) or ("speculative decoding" if speculative != "none" else None)
         if split_decode is None:
-            split_decode = why_not is None and jax.default_backend() == "cpu"
+            split_decode = why_not is None and _split_by_default(self.model_cfg)
         elif split_decode and why_not:
             raise ValueError(f"split_decode=True does not support {why_not}")
         self.split_decode = bool(split_decode)

@@ -14,7 +14,7 @@ output head, stays float):
            shared-expert MLPs, MTP eh_proj) -> pallas_kernels.QuantizedWeight, consumed by
            qmatmul in weight-only mode (activations bf16). Kernels whose contraction dim is not
            a multiple of the format's block are left float.
-The containers go to the prepared collection at their params' paths (c2jax.models.prepared),
+The containers go to the prepared collection at their params' paths (c2jax.ops.weights),
 the float params stay in `params`. Stacked layer axes are kept (the quantizers are mapped over
 them), so the scanned layers slice the containers like any other weight.
 
@@ -32,7 +32,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import pallas_kernels as pk
-from c2jax.models.prepared import Weights, separate
+from c2jax.ops.weights import Weights, separate
 from pallas_kernels.qmatmul.reference import block_of
 
 QUANTS = ("int8", "mxfp8", "nvfp4")

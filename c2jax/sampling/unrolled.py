@@ -31,8 +31,10 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from c2jax.models import transformer as tfm
 from c2jax.models.layers import Linear, RMSNorm, dtype_of
 from c2jax.backends.cpu import kernels as cpu_kernels
-from c2jax.models.moe import shard_experts, split_experts
-from c2jax.models.prepared import Weights, separate, variables
+from c2jax.ops import experts as experts_ops
+from c2jax.ops.experts_xla import shard_experts, split_experts
+from c2jax.ops.target import current_target, target_of_mesh
+from c2jax.ops.weights import Weights, separate, variables
 
 STACKS = (("dense_layers", "dense", False), ("moe_layers", "moe", True))
 CAST = ("kernel", "w_gate", "w_up", "w_down", "kv_b_proj", "embed")  # the model casts these to dtype
@@ -46,16 +48,10 @@ def supported(m) -> str | None:
 
 
 def decode_layout(m, mesh=None) -> str:
-    """How split_params lays out model config m's weights for decode: "packed" (for the CPU
-    kernels, cpu_kernels: float32 on CPU where they build; experts as PackedExperts, the head
-    and the Linear kernels they can run as PackedMatrix) or "split" (split_experts /
-    ShardedExperts, everything through XLA; also where the kernels are slower than XLA's paths,
-    cpu_kernels.narrow_vectors). Set C2JAX_CPU_KERNELS=0 for "split"."""
-    n = 1 if mesh is None else mesh.size
-    E, D, F = m.num_experts, m.hidden_size, m.moe_intermediate_size
-    if not E or dtype_of(m.dtype) != jnp.float32 or cpu_kernels.unavailable() or cpu_kernels.narrow_vectors():
-        return "split"
-    return "split" if cpu_kernels.packable(jax.ShapeDtypeStruct((E, D, F), jnp.float32), n) else "packed"
+    """How split_params lays out model config m's weights for the decode mesh (or this process's
+    device): c2jax.ops.experts.decode_layout's "packed" or "split"."""
+    target = current_target() if mesh is None else target_of_mesh(mesh)
+    return experts_ops.decode_layout(target, m, 1 if mesh is None else mesh.size)
 
 
 @functools.lru_cache(maxsize=8)

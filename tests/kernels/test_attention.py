@@ -127,21 +127,21 @@ def test_mla_decode_attention(b, h, s, c, r, lengths):
     if lengths[0] == 0:
         assert np.all(np.asarray(out)[0] == 0)
     with pytest.raises(ValueError, match="k_rope_BSR"):
-        pk.mla_decode_attention(qa, qr, lat, rope[:, :-1], lens, sm_scale=scale, platform="cpu")
+        pk.mla_decode_attention(qa, qr, lat, rope[:, :-1], lens, sm_scale=scale, impl="xla")
 
 
 def test_attention_bad_inputs_raise_value_error():
     q, k, v, _ = _qkv(1, 3, 2, 16, 8, 8)
     with pytest.raises(ValueError, match="multiple of kv heads"):
-        pk.flash_attention(q, k, v, platform="cpu")
+        pk.flash_attention(q, k, v, impl="xla")
     q, k, v, _ = _qkv(1, 4, 2, 16, 8, 8)
     with pytest.raises(ValueError, match="k_BHSD"):
-        pk.flash_attention(q, k[..., :4], v, platform="cpu")
+        pk.flash_attention(q, k[..., :4], v, impl="xla")
     with pytest.raises(ValueError, match="segment_ids_BL"):
-        pk.flash_attention(q, k, v, segment_ids_BL=jnp.zeros((1, 15), jnp.int32), platform="cpu")
+        pk.flash_attention(q, k, v, segment_ids_BL=jnp.zeros((1, 15), jnp.int32), impl="xla")
     with pytest.raises(ValueError, match="impl"):
         pk.flash_attention(q, k, v, impl="triton")
     with pytest.raises(ValueError, match="lengths_B"):
-        pk.decode_attention(q[:, :, 0], k, v, jnp.zeros((2,), jnp.int32), platform="cpu")
+        pk.decode_attention(q[:, :, 0], k, v, jnp.zeros((2,), jnp.int32), impl="xla")
     with pytest.raises(ValueError, match="q_BHD"):
-        pk.decode_attention(q, k, v, jnp.zeros((1,), jnp.int32), platform="cpu")
+        pk.decode_attention(q, k, v, jnp.zeros((1,), jnp.int32), impl="xla")

@@ -75,7 +75,7 @@ def test_flash_positions_xla_paths_match_reference():
     args, masks, orphans = zigzag_case(b=2, h=4, hk=2, d=16, e=8, ranks=2, chunk=40, rank=1, seed=2)
     chunked = lambda q, k, v: attention_xla(q, k, v, chunk=32, **masks)
     _assert_matches_reference(chunked, args, masks, orphans, 1e-5, 1e-5)
-    routed = lambda q, k, v: pk.flash_attention(q, k, v, platform="cpu", **masks)
+    routed = lambda q, k, v: pk.flash_attention(q, k, v, impl="xla", **masks)
     _assert_matches_reference(routed, args, masks, orphans, 1e-6, 1e-6)
 
 
@@ -127,7 +127,7 @@ def test_mask_argument_errors():
     k = v = jnp.asarray(rng.standard_normal((1, 1, 32, 8)), jnp.float32)
     pos_q, pos_k = jnp.arange(16, dtype=jnp.int32)[None], jnp.arange(32, dtype=jnp.int32)[None]
     seg_q, seg_k = jnp.zeros((1, 16), jnp.int32), jnp.zeros((1, 32), jnp.int32)
-    call = lambda **kw: pk.flash_attention(q, k, v, platform="cpu", **kw)
+    call = lambda **kw: pk.flash_attention(q, k, v, impl="xla", **kw)
     with pytest.raises(ValueError, match="q_positions_BL and kv_positions_BS"):
         call()  # causal with Lq != Lk needs positions
     with pytest.raises(ValueError, match="both q_positions_BL and kv_positions_BS"):
@@ -139,7 +139,7 @@ def test_mask_argument_errors():
     with pytest.raises(ValueError, match="segment_ids_BL needs Lq == Lk"):
         call(segment_ids_BL=seg_q, q_positions_BL=pos_q, kv_positions_BS=pos_k)
     with pytest.raises(ValueError, match="not both"):
-        pk.flash_attention(q, q, q, segment_ids_BL=seg_q, q_segment_ids_BL=seg_q, platform="cpu")
+        pk.flash_attention(q, q, q, segment_ids_BL=seg_q, q_segment_ids_BL=seg_q, impl="xla")
     with pytest.raises(ValueError, match=r"kv_positions_BS shape"):
         call(q_positions_BL=pos_q, kv_positions_BS=pos_q)
     with pytest.raises(ValueError, match="integer"):

@@ -161,22 +161,22 @@ def test_gmm_nvfp4_per_token_batch_invariance(impl):
 def test_gmm_bad_inputs_raise_value_error():
     lhs, rhs, gs, _ = _inputs(64, 32, 32, [30, 34])
     with pytest.raises(ValueError, match="quant"):
-        pk.gmm(lhs, rhs, gs, quant="fp4", platform="cpu")
+        pk.gmm(lhs, rhs, gs, quant="fp4", impl="xla")
     with pytest.raises(ValueError, match="group_sizes_G"):
-        pk.gmm(lhs, rhs, jnp.array([60, 10]), platform="cpu")
+        pk.gmm(lhs, rhs, jnp.array([60, 10]), impl="xla")
     with pytest.raises(ValueError, match="group_sizes_G"):
-        pk.gmm(lhs, rhs, jnp.array([10, 10, 10]), platform="cpu")
+        pk.gmm(lhs, rhs, jnp.array([10, 10, 10]), impl="xla")
     with pytest.raises(ValueError, match="lhs_MK"):
-        pk.gmm(lhs[:, :16], rhs, gs, platform="cpu")
+        pk.gmm(lhs[:, :16], rhs, gs, impl="xla")
     with pytest.raises(ValueError, match="rhs_GKN"):
-        pk.gmm(lhs, rhs[0], gs, platform="cpu")
+        pk.gmm(lhs, rhs[0], gs, impl="xla")
     with pytest.raises(ValueError, match="impl"):
         pk.gmm(lhs, rhs, gs, impl="cuda")
     q = jnp.zeros((1, 2, 8, 16), jnp.float32) + 1.0
     with pytest.raises(ValueError, match="impl must be one of"):   # ragged_dot is the grouped matmuls' only
         pk.flash_attention(q, q, q, impl="ragged")
     with pytest.raises(ValueError, match="divisible"):
-        pk.gmm(lhs[:, :24], rhs[:, :24], gs, quant="mxfp8", platform="cpu")
+        pk.gmm(lhs[:, :24], rhs[:, :24], gs, quant="mxfp8", impl="xla")
 
 
 def test_gmm_tgmm_under_tpu_semantics_interpreter():

@@ -41,10 +41,10 @@ def test_qmatmul_quantizes_float_weights_and_checks_inputs(xw):
     b = pk.qmatmul(x, pk.quantize_weight(w, "mxfp8"), impl="xla")
     np.testing.assert_array_equal(a, b)
     with pytest.raises(ValueError, match="mode"):
-        pk.qmatmul(x, w, quant="int8", mode="act_only", platform="cpu")
+        pk.qmatmul(x, w, quant="int8", mode="act_only", impl="xla")
     with pytest.raises(ValueError, match="quant"):
-        pk.qmatmul(x, w, quant="fp6", platform="cpu")
+        pk.qmatmul(x, w, quant="fp6", impl="xla")
     with pytest.raises(ValueError, match="w must be"):
-        pk.qmatmul(x, w[:100], quant="int8", platform="cpu")
+        pk.qmatmul(x, w[:100], quant="int8", impl="xla")
     with pytest.raises(ValueError, match="divisible"):
-        pk.qmatmul(x[:, :40], w[:40], quant="mxfp8", platform="cpu")
+        pk.qmatmul(x[:, :40], w[:40], quant="mxfp8", impl="xla")

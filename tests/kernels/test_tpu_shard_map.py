@@ -1,6 +1,6 @@
 """Every Mosaic kernel lowers and compiles for TPU inside jax.shard_map (check_vma=True, the default)
-on a v5p:2x2x2 mesh (data, fsdp, context, expert) = (2, 2, 2, 1), through the public dispatcher
-with platform="tpu", on local blocks of sharded inputs; gradients go through the custom_vjp
+on a v5p:2x2x2 mesh (data, fsdp, context, expert) = (2, 2, 2, 1), through the public entry points
+with impl="pallas", on local blocks of sharded inputs; gradients go through the custom_vjp
 backward kernels (weights invariant over the token axes, keys all-gathered over context).
 Each program must hold the expected number of Mosaic kernels (`tpu_custom_call`)."""
 # Dim letters: M rows, K contraction, N output, G experts, B batch, H q heads, Hk kv heads,
@@ -49,7 +49,7 @@ def _compile(fn, *args, kernels):
 @pytest.mark.parametrize("quant", ["none", "mxfp8"])
 def test_gmm_fwd_and_grad_in_shard_map(mesh, quant):
     m, k, n, g = 2048, 256, 256, 4
-    body = lambda a, w, gs: pk.gmm(a, w, gs, quant=quant, platform="tpu", preferred_element_type=BF)
+    body = lambda a, w, gs: pk.gmm(a, w, gs, quant=quant, impl="pallas", preferred_element_type=BF)
     f = jax.shard_map(body, mesh=mesh, in_specs=(TOKENS, P("expert"), TOKENS), out_specs=TOKENS)
     args = (_sds(mesh, (m, k), BF, TOKENS), _sds(mesh, (g, k, n), BF, P("expert")),
             _sds(mesh, (8 * g,), jnp.int32, TOKENS))  # local group sizes per shard
@@ -61,7 +61,7 @@ def test_gmm_fwd_and_grad_in_shard_map(mesh, quant):
 
 def test_tgmm_in_shard_map(mesh):
     m, k, n, g = 2048, 256, 256, 4
-    body = lambda a, dy, gs: pk.tgmm(a, dy, gs, platform="tpu")
+    body = lambda a, dy, gs: pk.tgmm(a, dy, gs, impl="pallas")
     f = jax.shard_map(body, mesh=mesh, in_specs=(TOKENS, TOKENS, TOKENS), out_specs=TOKENS)
     _compile(f, _sds(mesh, (m, k), BF, TOKENS), _sds(mesh, (m, n), BF, TOKENS),
              _sds(mesh, (8 * g,), jnp.int32, TOKENS), kernels=1)
@@ -71,7 +71,7 @@ def _context_parallel_attention(q, k, v, q_pos, kv_pos, q_seg, kv_seg):
     """Local queries against keys all-gathered over "context" (zigzag positions are arbitrary here)."""
     gather = lambda x, axis: jax.lax.all_gather(x, "context", axis=axis, tiled=True)
     return pk.flash_attention(q, gather(k, 2), gather(v, 2), q_positions_BL=q_pos, kv_positions_BS=gather(kv_pos, 1),
-                              q_segment_ids_BL=q_seg, kv_segment_ids_BS=gather(kv_seg, 1), platform="tpu")
+                              q_segment_ids_BL=q_seg, kv_segment_ids_BS=gather(kv_seg, 1), impl="pallas")
 
 
 @pytest.mark.parametrize("schedule", ["table", "bounds"])
@@ -94,7 +94,7 @@ def test_flash_attention_positions_fwd_and_grad_in_shard_map(mesh, schedule, mon
 def test_flash_attention_index_causal_grad_in_shard_map(mesh):
     b, h, hk, l, d = 2, 4, 2, 1024, 128
     act, ids = P("data", "fsdp"), P("data")
-    body = lambda q, k, v, seg: pk.flash_attention(q, k, v, segment_ids_BL=seg, platform="tpu")
+    body = lambda q, k, v, seg: pk.flash_attention(q, k, v, segment_ids_BL=seg, impl="pallas")
     f = jax.shard_map(body, mesh=mesh, in_specs=(act, act, act, ids), out_specs=act)
     loss = lambda q, k, v, seg: jnp.sum(f(q, k, v, seg).astype(jnp.float32))
     _compile(jax.grad(loss, argnums=(0, 1, 2)), _sds(mesh, (b, h, l, d), BF, act),
@@ -105,7 +105,7 @@ def test_flash_attention_index_causal_grad_in_shard_map(mesh):
 def test_decode_attention_in_shard_map(mesh):
     b, h, hk, s, d = 8, 8, 4, 4096, 128
     sp = P("data", "fsdp")
-    body = lambda q, kc, vc, lens: pk.decode_attention(q, kc, vc, lens, platform="tpu")
+    body = lambda q, kc, vc, lens: pk.decode_attention(q, kc, vc, lens, impl="pallas")
     f = jax.shard_map(body, mesh=mesh, in_specs=(sp, sp, sp, P("data")), out_specs=sp)
     _compile(f, _sds(mesh, (b, h, d), BF, sp), _sds(mesh, (b, hk, s, d), BF, sp), _sds(mesh, (b, hk, s, d), BF, sp),
              _sds(mesh, (b,), jnp.int32, P("data")), kernels=1)
@@ -114,6 +114,6 @@ def test_decode_attention_in_shard_map(mesh):
 @pytest.mark.parametrize("quant,mode", [("mxfp8", "weight_only"), ("int8", "weight_act")])
 def test_qmatmul_in_shard_map(mesh, quant, mode):
     rows, cols = P(("data", "context")), P(None, "fsdp")
-    body = lambda x, w: pk.qmatmul(x, pk.quantize_weight(w, quant), mode=mode, platform="tpu")
+    body = lambda x, w: pk.qmatmul(x, pk.quantize_weight(w, quant), mode=mode, impl="pallas")
     f = jax.shard_map(body, mesh=mesh, in_specs=(rows, cols), out_specs=P(("data", "context"), "fsdp"))
     _compile(f, _sds(mesh, (1024, 512), BF, rows), _sds(mesh, (512, 512), BF, cols), kernels=1)

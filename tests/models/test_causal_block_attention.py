@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from c2jax.models.attention import attention_mask, causal_block_attention, dot_product_attention
+from c2jax.ops.attention_xla import attention_mask, causal_block_attention, dot_product_attention
 
 
 def _packed_rows(B, L, rng):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from c2jax.backends.cpu import attention as cpu_attention
-from c2jax.models.attention import attention_mask, dot_product_attention
+from c2jax.ops.attention_xla import attention_mask, dot_product_attention
 
 pytestmark = pytest.mark.skipif(cpu_attention.cpu_kernels.unavailable() is not None,
                                 reason=f"CPU kernels unavailable: {cpu_attention.cpu_kernels.unavailable()}")

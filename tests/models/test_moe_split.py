@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from c2jax.models.prepared import Weights, variables
+from c2jax.ops.weights import Weights, variables
 from c2jax.ops.experts import decode_layout_experts
 from c2jax.config import apply_overrides, load_config
 from c2jax.models import moe as moe_lib

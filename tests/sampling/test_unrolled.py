@@ -12,7 +12,7 @@ import pytest
 
 import c2jax
 from small_models import small_model_cfg
-from c2jax.models import attention as attn_lib
+from c2jax.ops import attention as attn_lib
 from c2jax.ops import attention_xla
 from c2jax.backends.cpu import kernels as cpu_kernels
 from c2jax.models.transformer import layer_counts
@@ -91,9 +91,9 @@ def test_decode_attention_equals_dot_product_attention(L):
     q = jnp.asarray(rng.standard_normal((Bq, L, H, Pd)), jnp.float32)
     k, v = (jnp.asarray(rng.standard_normal((Bq, Sk, G, Pd)), jnp.float32) for _ in range(2))
     qpos = jnp.asarray(rng.integers(0, Sk, (Bq, L)), jnp.int32)
-    mask = attn_lib.attention_mask(qpos, jnp.broadcast_to(jnp.arange(Sk), (Bq, Sk)))
+    mask = attention_xla.attention_mask(qpos, jnp.broadcast_to(jnp.arange(Sk), (Bq, Sk)))
     got = attention_xla.decode_attention_reduce(q, k, v, mask, 0.3)
-    want = attn_lib.dot_product_attention(q, k, v, mask, 0.3)
+    want = attention_xla.dot_product_attention(q, k, v, mask, 0.3)
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
 
 

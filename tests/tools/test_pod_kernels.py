@@ -42,7 +42,9 @@ def test_train_step_runs_flash_attention_and_the_grouped_matmul(devices, attenti
     state = cc.abstract_train_state(cfg, mesh)
     with record_choices() as rec:
         text = cc.compile_train_step(cfg, mesh, state).as_text()
-    assert set(rec["experts"]) == {"pallas_gmm"} and set(rec["attention"]) == {"pallas_flash"}
+    # EP 4 (data x context): the grouped matmul on each device's experts, rows moved by all-to-all
+    assert set(rec["experts"]) == {"ep_all_to_all(pallas_gmm)"} and set(rec["attention"]) == {"pallas_flash"}
+    assert set(rec[f"{attention}_attention"]) == {"context_parallel"}
     assert rec["optimizer"] == {"optax_adamw": 1}
     # gate and up joined, then down (EP: one [D, 2F] product on the local experts), forward + their
     # dX (gmm) and dW (tgmm)
@@ -56,7 +58,9 @@ def test_sampler_decode_chunk_runs_the_mosaic_kernels(devices, attention, quant)
     pod = cc.pod_cfg(cfg)
     dcfg = cc._decode_cfg(cfg, pod.decode_mesh_shape, pod.decode_batch)
     lowered, _, kernels = cc.compile_decode_step(dcfg, devices, pod.decode_batch, pod.decode_len)
-    assert set(kernels["experts"]) == {"pallas_gmm"}
+    assert set(kernels["experts"]) == {"ep_all_to_all(pallas_gmm)"}     # EP 2 over data
+    assert set(kernels["decode_layout"]) == {"quantized" if quant != "none" else "float"}
+    assert set(kernels[f"{attention}_attention"]) == {"cache_decode" if attention == "gqa" else "latent_cache"}
     text = lowered.as_text()
     assert "stablehlo.while" in text   # the chunk's on-device loop, not a single forward
     want = _gmm(quant, 2, 0)       # gate and up joined, then down

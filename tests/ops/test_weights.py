@@ -1,4 +1,4 @@
-"""Weights stored prepared (c2jax.models.prepared): separate() puts every non-array weight at its
+"""Weights stored prepared (c2jax.ops.weights): separate() puts every non-array weight at its
 path in the prepared collection and keeps the structure on both sides; a layer reads a weight
 from that collection in place of the param, and the forward over Weights equals the float
 forward on the same values."""
@@ -9,7 +9,7 @@ import numpy as np
 import c2jax
 import pallas_kernels as pk
 from c2jax.models.layers import Linear
-from c2jax.models.prepared import Weights, separate, variables
+from c2jax.ops.weights import Weights, separate, variables
 
 
 def test_separate_keeps_paths_and_structure():

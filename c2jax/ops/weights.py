@@ -1,17 +1,24 @@
-"""Weights a caller stored in another layout than the float params the layers declare.
+"""The model's weights as the ops read them: the float params a layer declares, or the layout a
+caller stored for it, and where each weight lives on the mesh.
 
 The sampler keeps some weights in the layout its kernels read: pre-quantized containers
 (pallas_kernels.QuantizedWeight / QuantizedExperts), the CPU kernels' packed panels, per-expert
 buffers. They travel beside the params as `Weights(params, prepared)`: `prepared` mirrors the
 params' paths and is its own Flax collection (PREPARED). A layer that finds its weight there
-reads it instead of declaring the param, so the model decides nothing from the type of a
-param leaf; which layout runs is the op's choice (c2jax.ops).
+reads it instead of declaring the param (`weight`, `prepared_or`), so the model neither looks
+for a layout nor decides anything from the type of a param leaf; which implementation reads the
+layout is the op's choice (c2jax.ops). `shardings` places the params on a mesh by the config's
+logical axis rules.
 """
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
+import flax.linen as nn
 import jax
+
+from c2jax.parallel.mesh import tree_shardings
 
 PREPARED = "prepared"   # the Flax collection of prepared weights
 
@@ -32,9 +39,24 @@ def variables(weights) -> dict:
     return {"params": weights}
 
 
-def prepared_weight(module, name: str):
-    """The weight stored prepared for `module` under `name`, or None (the module declares the param)."""
-    return module.get_variable(PREPARED, name) if module.has_variable(PREPARED, name) else None
+def prepared_or(module, name: str, declare: Callable):
+    """The weight stored prepared for `module` under `name`, else declare() (the module's params)."""
+    return module.get_variable(PREPARED, name) if module.has_variable(PREPARED, name) else declare()
+
+
+def weight(module, name: str, init, axes, shape, param_dtype, dtype=None):
+    """`module`'s weight `name`: the form stored prepared for it as stored, else the float param
+    declared with init, logical axes, shape and param_dtype (cast to dtype when given)."""
+    def declare():
+        w = module.param(name, nn.with_logical_partitioning(init, axes), shape, param_dtype)
+        return w if dtype is None else w.astype(dtype)
+    return prepared_or(module, name, declare)
+
+
+def shardings(cfg, mesh, logical_tree, shapes_tree):
+    """NamedSharding per weight leaf of shapes_tree on `mesh`, from its logical axes (logical_tree)
+    through the config's rules."""
+    return tree_shardings(cfg, mesh, logical_tree, shapes_tree)
 
 
 def separate(tree) -> Weights:
