@@ -192,7 +192,7 @@ def decode_mesh(n: int):
         return None
     devices = jax.devices()
     if n < 1 or n > len(devices):
-        raise ValueError(f"decode_devices={n} but this process has {len(devices)} {jax.default_backend()} "
+        raise ValueError(f"decode_devices={n} but this process has {len(devices)} {current_target().platform} "
                          f"device(s); on CPU set XLA_FLAGS=--xla_force_host_platform_device_count={n} "
                          "before JAX starts")
     return Mesh(np.array(devices[:n]), ("decode",))
