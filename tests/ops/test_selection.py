@@ -278,7 +278,9 @@ def test_model_records_the_implementations_it_ran():
     tokens = jnp.zeros((2, 16), jnp.int32) + jnp.arange(16)
     with record_choices() as rec:
         jax.jit(lambda p, t: c2jax.models.forward(cfg, p, t)).lower(params, tokens)
-    assert set(rec) == {"attention", "experts", "matmul", "norm"}
+    # the kernels, plus the attention path (packed training sequences) and the embedding lookup
+    assert set(rec) == {"attention", "experts", "matmul", "norm", "gqa_attention", "embed"}
+    assert set(rec["gqa_attention"]) == {"packed"} and set(rec["embed"]) == {"take"}
     cfg.model.kernels.attention, cfg.model.kernels.norm = "xla_dense", "xla"
     with record_choices() as rec:
         jax.jit(lambda p, t: c2jax.models.forward(cfg, p, t)).lower(params, tokens)
