@@ -53,6 +53,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import c2jax  # noqa: E402
+import c2jax.sections  # noqa: E402,F401  (registers the data / eval / rl config sections)
 from c2jax.models.transformer import layer_counts, param_count  # noqa: E402
 from c2jax.sampling import Request, Sampler  # noqa: E402
 
