@@ -65,8 +65,8 @@ def _layout_reason(spec):
 
 
 def _spec_reason(spec, *, grouped: bool = False):
-    if _layout_reason(spec):
-        return _layout_reason(spec)
+    if (why := _layout_reason(spec)):
+        return why
     if spec["ep"] and not grouped:
         return "expert parallelism runs sorted grouped matmuls on each device's experts"
     if spec["quant"] != "none" and not grouped:
@@ -75,16 +75,16 @@ def _spec_reason(spec, *, grouped: bool = False):
 
 
 def _pallas_ok(target: Target, **spec):
-    if _layout_reason(spec):
-        return _layout_reason(spec)
+    if (why := _layout_reason(spec)):
+        return why
     if target.platform != "tpu":
         return f"Mosaic kernels run on TPU (target is {target.platform})"
     return _spec_reason(spec, grouped=True)
 
 
 def _gather_ok(target: Target, **spec):
-    if _layout_reason(spec):
-        return _layout_reason(spec)
+    if (why := _layout_reason(spec)):
+        return why
     T, K, E = spec["T"], spec["K"], spec["E"]
     if T * K >= E:
         return f"{T} tokens x top-{K} >= {E} experts: a gather would read more than the expert weights"
@@ -92,7 +92,7 @@ def _gather_ok(target: Target, **spec):
 
 
 def _cpu_ffi_ok(target: Target, **spec):
-    why = _layout_reason(spec) or one_cpu_device(target) or _spec_reason(spec)
+    why = one_cpu_device(target) or _spec_reason(spec)
     if why:
         return why
     from c2jax.backends.cpu import moe as cpu_moe
@@ -100,12 +100,12 @@ def _cpu_ffi_ok(target: Target, **spec):
 
 
 def _blocks_ok(target: Target, **spec):
-    return _layout_reason(spec) or _spec_reason(spec)
+    return _spec_reason(spec)
 
 
 def _capacity_ok(target: Target, **spec):
-    if _layout_reason(spec):
-        return _layout_reason(spec)
+    if (why := _layout_reason(spec)):
+        return why
     if not spec.get("capacity", False) and spec["E"] > spec["K"]:
         return "dropless dispatch asked: the capacity einsum would compute E x T rows"
     return _spec_reason(spec)
@@ -158,13 +158,9 @@ def _decode_layout(layout: str):
 
 @EXPERTS.register("decode_split", _decode_layout("split"),
                   "the sampler's per-expert buffers: only the chosen experts run, each weight read in place")
-def _decode_split(x_TD, ids_TK, weights_TK, ws, cap, quant, stacked):
-    return xla.split_dispatch(x_TD, ids_TK, weights_TK, ws)
-
-
 @EXPERTS.register("decode_sharded", _decode_layout("sharded"),
                   "ShardedExperts over a 1-D decode mesh: each device its hidden columns or its experts")
-def _decode_sharded(x_TD, ids_TK, weights_TK, ws, cap, quant, stacked):
+def _decode_split(x_TD, ids_TK, weights_TK, ws, cap, quant, stacked):
     return xla.split_dispatch(x_TD, ids_TK, weights_TK, ws)
 
 
