@@ -112,13 +112,13 @@ def held_out_curve(evals) -> list:
 
 
 def record(cfg, run_dir: str, summary: dict, sft: str, wall_s: float, argv) -> dict:
-    from c2jax.demo_report import paired_change
     from c2jax.train.metrics import read_metrics
     first, last = summary["evals"][0], summary["evals"][-1]
     before, after = first["eval/task_pass"], last["eval/task_pass"]
-    c = paired_change(before, after)
-    ch = {"change": c["change"], "paired_se": c["se"],
-          "change_in_se": c["change"] / c["se"] if c["se"] else 0.0}
+    curve = held_out_curve(summary["evals"])
+    c = curve[-1]   # the last eval paired against the first
+    ch = {"change": c["change"], "paired_se": c["paired_se"],
+          "change_in_se": c["change"] / c["paired_se"] if c["paired_se"] else 0.0}
     k = int(cfg.rl.eval_k)
     met = ch["change"] >= GOAL_CHANGE and ch["change_in_se"] >= GOAL_SE and wall_s <= GOAL_WALL_S
     sft = os.path.relpath(sft, ROOT) if sft.startswith(ROOT) else sft  # no machine paths in the record
@@ -136,7 +136,7 @@ def record(cfg, run_dir: str, summary: dict, sft: str, wall_s: float, argv) -> d
         "wall_s": wall_s, "train_wall_s": summary.get("train_wall_s"),
         "per_step": step_series(read_metrics(run_dir)),
         "attempt_outcomes": attempt_outcomes(run_dir),
-        "held_out_curve": held_out_curve(summary["evals"]),
+        "held_out_curve": curve,
         "task_pass_before": before, "task_pass_after": after,
         "config": config,
     }
