@@ -32,7 +32,8 @@ _TEXT_ERRNOS = {"No space left on device": errno.ENOSPC, "Disk quota exceeded": 
                 "Read-only file system": errno.EROFS, "Permission denied": errno.EACCES}
 
 
-def _chain(exc):
+def cause_chain(exc):
+    """exc, then each error it was raised from or during, innermost last (cycles cut)."""
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
@@ -42,10 +43,10 @@ def _chain(exc):
 
 def io_error(exc: BaseException) -> tuple[int, str | None] | None:
     """(errno, path or None) of the first OS-level error in exc's cause chain, else None."""
-    for e in _chain(exc):
+    for e in cause_chain(exc):
         if isinstance(e, OSError) and e.errno in _IO_ADVICE:
             return e.errno, e.filename
-    for e in _chain(exc):
+    for e in cause_chain(exc):
         text = str(e)
         for needle, code in _TEXT_ERRNOS.items():
             if needle in text:

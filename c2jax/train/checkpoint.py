@@ -19,6 +19,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from c2jax.errors import CheckpointMismatch, CheckpointUnreadable
+from c2jax.failures import cause_chain
 from c2jax.train.compat import check_tree, checkpoint_tree
 
 log = logging.getLogger(__name__)
@@ -163,26 +164,18 @@ _REQUIRED = ("_CHECKPOINT_METADATA", "state/_METADATA", "state/manifest.ocdbt", 
 def describe_failure(step_dir: str, exc: BaseException) -> str:
     """'FILE: cause' for a step that failed to restore: the first required file that is missing
     or empty, else a path under step_dir named in the error, else the step directory."""
-    root = list(_chain(exc))[-1]      # the innermost error is the specific one (tensorstore's)
+    root = list(cause_chain(exc))[-1]      # the innermost error is the specific one (tensorstore's)
     cause = f"{type(root).__name__}: " + (" ".join(str(root).split())[:300] or "no message")
     for rel in _REQUIRED:
         item = os.path.join(step_dir, rel.split("/")[0]) if "/" in rel else step_dir
         path = os.path.join(step_dir, rel)
         if os.path.isdir(item) and (not os.path.exists(path) or os.path.getsize(path) == 0):
             return f"{path} is {'missing' if not os.path.exists(path) else 'empty'} ({cause})"
-    for e in reversed(list(_chain(exc))):
+    for e in reversed(list(cause_chain(exc))):
         m = re.search(re.escape(step_dir) + r"[^\s'\"\],]*", str(e))
         if m:
             return f"{m.group(0)}: {cause}"
     return f"{step_dir}: {cause}"
-
-
-def _chain(exc):
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        yield exc
-        exc = exc.__cause__ or exc.__context__
 
 
 def abstract_like(tree, shardings=None):
