@@ -61,3 +61,23 @@ def test_held_out_curve_pairs_every_eval_with_the_first():
         d = p - passes[0]
         assert np.isclose(c["change"], d.mean()) and np.isclose(c["paired_se"], d.std(ddof=1) / np.sqrt(len(d)))
         assert np.isclose(c["pass_at_1"], p.mean())
+
+
+def test_wall_split_times_the_first_eval_apart_from_rl():
+    rng = np.random.default_rng(3)
+    t0 = 1.7e9 + rng.random() * 1e6
+    before, step_s, mid, last = 200.0 + rng.random(), 40.0 + rng.random(), 180.0, 170.0
+    rows = [{"step": 0, "time": t0}, {"step": 0, "time": t0 + before, "eval/pass_at_1": 0.3}]
+    t = t0 + before
+    for step in range(1, 5):
+        t += step_s
+        rows.append({"step": step, "time": t, "reward": 0.1})
+        if step == 2:
+            t += mid
+            rows.append({"step": step, "time": t, "eval/pass_at_1": 0.35})
+    t += last
+    rows.append({"step": 4, "time": t, "eval/pass_at_1": 0.4})
+    split = _script().wall_split(rows)
+    np.testing.assert_allclose(split["eval_before_s"], before, rtol=1e-9)
+    np.testing.assert_allclose(split["rl_wall_s"], 4 * step_s + mid + last, rtol=1e-9)
+    assert _script().wall_split(rows[:3]) == {"eval_before_s": None, "rl_wall_s": None}
