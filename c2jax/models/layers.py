@@ -11,7 +11,7 @@ import jax.numpy as jnp
 
 from c2jax.ops import layers as ops_layers
 from c2jax.ops import weights
-from c2jax.ops.layers import cpu_product, rms_norm, rotate  # noqa: F401  (re-exported)
+from c2jax.ops.layers import rotate
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 

@@ -16,9 +16,6 @@ import jax.numpy as jnp
 from c2jax.models.layers import MLP, dtype_of, kernels_of
 from c2jax.ops import experts as experts_ops
 from c2jax.ops import weights
-from c2jax.ops.experts_xla import (ShardedExperts, block_dispatch, capacity_dispatch,  # noqa: F401  (re-exported)
-                                   ffn_column_split, gather_dispatch, grouped_dispatch, shard_experts, sort_assignments,
-                                   split_experts, window_widths)
 
 
 

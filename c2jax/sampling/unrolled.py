@@ -131,7 +131,7 @@ def split_params(m, params, mesh=None) -> Weights:
     With a 1-D mesh of n host devices (decode_mesh), the step's weight reads are split over the
     devices (on CPU XLA runs one device's matmuls one at a time, so one device streams weights
     from one core): each device holds 1/n of every expert's hidden columns (PackedExperts, or
-    moe.ShardedExperts, which falls back to whole experts when n does not divide that size), GQA attention is
+    ops.experts_xla.ShardedExperts, which falls back to whole experts when n does not divide that size), GQA attention is
     split by heads (q/k/v_proj by output columns, o_proj by input rows; the cache by KV head,
     cache_shardings) and the output head by vocab; everything else is replicated. XLA inserts
     the reductions."""

@@ -134,7 +134,7 @@ def test_cache_layout(attention):
 def test_gather_dispatch_equals_grouped_dispatch():
     """The few-token path (reads only the chosen experts' weights) equals dropless grouped
     dispatch, values and gradients, on fresh random inputs."""
-    from c2jax.models import moe as moe_lib
+    from c2jax.ops import experts_xla
     rng = np.random.default_rng(3)
     T, D, F, E, K = 3, 16, 24, 8, 2
     x = jnp.asarray(rng.standard_normal((T, D)), jnp.float32)
@@ -144,10 +144,10 @@ def test_gather_dispatch_equals_grouped_dispatch():
 
     def loss(fn, x, *w):
         return jnp.sum(jnp.sin(fn(x, ids, wts, *w)[0]))
-    a = moe_lib.gather_dispatch(x, ids, wts, *ws)[0]
-    b = moe_lib.grouped_dispatch(x, ids, wts, *ws)[0]
+    a = experts_xla.gather_dispatch(x, ids, wts, *ws)[0]
+    b = experts_xla.grouped_dispatch(x, ids, wts, *ws)[0]
     np.testing.assert_allclose(a, b, atol=1e-5)
-    ga = jax.grad(lambda *a: loss(moe_lib.gather_dispatch, *a), argnums=(0, 1, 2, 3))(x, *ws)
-    gb = jax.grad(lambda *a: loss(moe_lib.grouped_dispatch, *a), argnums=(0, 1, 2, 3))(x, *ws)
+    ga = jax.grad(lambda *a: loss(experts_xla.gather_dispatch, *a), argnums=(0, 1, 2, 3))(x, *ws)
+    gb = jax.grad(lambda *a: loss(experts_xla.grouped_dispatch, *a), argnums=(0, 1, 2, 3))(x, *ws)
     for u, v in zip(ga, gb):
         np.testing.assert_allclose(u, v, atol=1e-5)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from c2jax.ops.experts import decode_layout_experts
-from c2jax.models import moe as moe_lib
+from c2jax.ops import experts_xla
 from c2jax.backends.cpu import kernels as cpu_kernels
 
 pytestmark = pytest.mark.skipif(jax.default_backend() != "cpu", reason="CPU kernel")
@@ -54,7 +54,7 @@ def test_moe_ffn_equals_float64_reference_and_split_dispatch(T, E, K, D, F, skew
     got = jax.jit(decode_layout_experts)(x, ids, wts, jax.jit(cpu_kernels.pack_experts)(*ws))[0]
     want = _reference(x, ids, wts, *ws)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
-    xla = jax.jit(decode_layout_experts)(x, ids, wts, moe_lib.split_experts(*ws))[0]
+    xla = jax.jit(decode_layout_experts)(x, ids, wts, experts_xla.split_experts(*ws))[0]
     np.testing.assert_allclose(got, xla, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 

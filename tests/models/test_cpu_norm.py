@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from c2jax.backends.cpu import norm as cpu_norm
-from c2jax.models.layers import RMSNorm, rms_norm, rope_tables, rotate
+from c2jax.models.layers import RMSNorm, rope_tables
+from c2jax.ops.layers import rms_norm, rotate
 
 pytestmark = pytest.mark.skipif(cpu_norm.cpu_kernels.unavailable() is not None,
                                 reason=f"CPU kernels unavailable: {cpu_norm.cpu_kernels.unavailable()}")

@@ -30,7 +30,7 @@ def test_rope_values_and_gradient_match_plain_rotation(interleave):
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_rms_norm_values_and_gradients_match_plain(dtype):
-    from c2jax.models.layers import rms_norm
+    from c2jax.ops.layers import rms_norm
 
     def _rms_norm_plain(x, w, eps):
         x32 = x.astype(jnp.float32)
@@ -51,7 +51,7 @@ def test_rms_norm_values_and_gradients_match_plain(dtype):
 
 
 def test_cpu_product_values_and_gradients_match_einsum():
-    from c2jax.models.layers import cpu_product
+    from c2jax.ops.layers import cpu_product
     rng = np.random.default_rng(4)
     x = jnp.asarray(rng.standard_normal((3, 5, 16)), jnp.float32)
     w = jnp.asarray(rng.standard_normal((16, 24)), jnp.float32)

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from c2jax.ops import experts_xla as moe_lib
+from c2jax.ops import experts_xla
 
 
 def _inputs(seed, T, D, F, E, K, skew):
@@ -27,19 +27,19 @@ def test_block_dispatch_equals_gather_reference(T, E, K, block, skew):
     x, ids, wts, ws = _inputs(T + E, T, D, F, E, K, skew)
     counts = np.bincount(np.asarray(ids).ravel(), minlength=E)
     blocks = -(-counts // block)
-    assert (blocks >= moe_lib.CPU_BLOCK_GROUP).any() and (blocks % moe_lib.CPU_BLOCK_GROUP).any()
+    assert (blocks >= experts_xla.CPU_BLOCK_GROUP).any() and (blocks % experts_xla.CPU_BLOCK_GROUP).any()
     g = jnp.asarray(np.random.default_rng(7).standard_normal((T, D)), jnp.float32)
 
     def loss(fn, x, wts, *w):
         return jnp.sum(fn(x, ids, wts, *w)[0] * g)
 
-    block_fn = lambda x, i, wt, *w: moe_lib.block_dispatch(x, i, wt, *w, cap=T, block=block)  # noqa: E731
+    block_fn = lambda x, i, wt, *w: experts_xla.block_dispatch(x, i, wt, *w, cap=T, block=block)  # noqa: E731
     got, dropped = jax.jit(block_fn)(x, ids, wts, *ws)
-    want, _ = moe_lib.gather_dispatch(x, ids, wts, *ws)
+    want, _ = experts_xla.gather_dispatch(x, ids, wts, *ws)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     assert float(dropped) == 0.0
     g_got = jax.jit(jax.grad(lambda *a: loss(block_fn, *a), argnums=(0, 1, 2, 3, 4)))(x, wts, *ws)
-    g_want = jax.grad(lambda *a: loss(moe_lib.gather_dispatch, *a), argnums=(0, 1, 2, 3, 4))(x, wts, *ws)
+    g_want = jax.grad(lambda *a: loss(experts_xla.gather_dispatch, *a), argnums=(0, 1, 2, 3, 4))(x, wts, *ws)
     for a, b in zip(g_got, g_want):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
@@ -48,11 +48,11 @@ def test_block_dispatch_drops_past_capacity_like_the_einsum_path():
     T, E, K, D, F = 48, 4, 2, 8, 12
     x, ids, wts, ws = _inputs(3, T, D, F, E, K, skew=True)
     cap = 10                                                  # expert 0 has 48 assignments: 38 drop
-    got, dropped = moe_lib.block_dispatch(x, ids, wts, *ws, cap=cap, block=3)
+    got, dropped = experts_xla.block_dispatch(x, ids, wts, *ws, cap=cap, block=3)
     # reference: zero the dropped assignments' weights (rank >= cap in token order per expert)
     flat = np.asarray(ids).ravel()
     rank = np.array([np.sum(flat[:a] == flat[a]) for a in range(flat.size)])
     keep = (rank < cap).reshape(T, K)
-    want, _ = moe_lib.gather_dispatch(x, ids, jnp.where(keep, wts, 0.0), *ws)
+    want, _ = experts_xla.gather_dispatch(x, ids, jnp.where(keep, wts, 0.0), *ws)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(float(dropped), 1 - keep.mean(), rtol=1e-6)

@@ -11,6 +11,7 @@ from c2jax.ops.weights import Weights, variables
 from c2jax.ops.experts import decode_layout_experts
 from c2jax.config import apply_overrides, load_config
 from c2jax.models import moe as moe_lib
+from c2jax.ops import experts_xla
 
 
 def _inputs(rng, T, D, F, E, K, skew=False):
@@ -30,16 +31,16 @@ def test_split_dispatch_equals_grouped_dispatch(T, E, K, skew):
     rng = np.random.default_rng(T * 100 + E)
     D, F = 16, 24
     x, ids, wts, ws = _inputs(rng, T, D, F, E, K, skew)
-    experts = moe_lib.split_experts(*ws)
+    experts = experts_xla.split_experts(*ws)
     got, dropped = jax.jit(decode_layout_experts)(x, ids, wts, experts)
-    want = moe_lib.grouped_dispatch(x, ids, wts, *ws)[0]
+    want = experts_xla.grouped_dispatch(x, ids, wts, *ws)[0]
     np.testing.assert_allclose(got, want, atol=2e-5, rtol=1e-5)
     assert float(dropped) == 0.0
 
 
 def test_window_widths_cover_every_count():
     for A in range(1, 70):
-        w = moe_lib.window_widths(A)
+        w = experts_xla.window_widths(A)
         assert w[0] == 1 and w[-1] >= A and (len(w) == 1 or w[-2] < A)
 
 
@@ -58,7 +59,7 @@ def test_moe_layer_over_split_experts_equals_stacked(preset):
         params = {**params, "router_bias": jnp.linspace(-0.3, 0.3, m.num_experts)}
     want_y, aux = layer.apply({"params": params}, x)
     sp = {k: v for k, v in params.items() if not k.startswith("w_")}
-    experts = {"experts": moe_lib.split_experts(params["w_gate"], params["w_up"], params["w_down"])}
+    experts = {"experts": experts_xla.split_experts(params["w_gate"], params["w_up"], params["w_down"])}
     y, got = jax.jit(lambda p, e, x: layer.apply(variables(Weights(p, e)), x))(sp, experts, x)
     np.testing.assert_array_equal(got["expert_ids"], aux["expert_ids"])
     np.testing.assert_allclose(y, want_y, atol=2e-5, rtol=1e-5)

@@ -1,6 +1,6 @@
 """Decode over several host devices (Sampler(decode_devices=n), unrolled.split_params with a
 mesh): experts split over devices (the CPU kernel's cpu_kernels.PackedExperts by hidden columns, or
-moe.ShardedExperts by hidden columns or whole experts), GQA attention split by heads and the
+experts_xla.ShardedExperts by hidden columns or whole experts), GQA attention split by heads and the
 output head by vocab give what one device gives, on fresh random inputs; bad requests fail
 with a clear error."""
 import jax
@@ -12,7 +12,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 import c2jax
 from c2jax.ops.experts import decode_layout_experts
 from c2jax.config import load_config
-from c2jax.models import moe as moe_lib
+from c2jax.ops import experts_xla
 from c2jax.backends.cpu import kernels as cpu_kernels
 from c2jax.sampling import Request, Sampler, unrolled
 
@@ -36,9 +36,9 @@ def _routed_inputs(rng, T, D, F, E, skew, K=2):
 def test_sharded_split_dispatch_equals_one_device(n, T, skew, split):
     D, F, E = 16, 24, 8
     x, ids, wts, ws = _routed_inputs(np.random.default_rng(10 * n + T), T, D, F, E, skew)
-    want, _ = jax.jit(decode_layout_experts)(x, ids, wts, moe_lib.split_experts(*ws))
+    want, _ = jax.jit(decode_layout_experts)(x, ids, wts, experts_xla.split_experts(*ws))
     mesh = unrolled.decode_mesh(n)
-    sharded = jax.device_put(moe_lib.shard_experts(*ws, mesh, split), NamedSharding(mesh, P("decode")))
+    sharded = jax.device_put(experts_xla.shard_experts(*ws, mesh, split), NamedSharding(mesh, P("decode")))
     assert sharded.split == split
     assert len(sharded.slots) == (E if split == "ffn" else E // n)
     if split == "ffn":  # device d holds hidden columns [d f, (d + 1) f) of gate and of up
@@ -47,7 +47,7 @@ def test_sharded_split_dispatch_equals_one_device(n, T, skew, split):
         np.testing.assert_array_equal(sharded.slots[3][1][1], ws[2][3][f:2 * f])
     got, dropped = jax.jit(decode_layout_experts)(x, ids, wts, sharded)
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
-    np.testing.assert_allclose(got, moe_lib.grouped_dispatch(x, ids, wts, *ws)[0], atol=2e-5, rtol=1e-5)
+    np.testing.assert_allclose(got, experts_xla.grouped_dispatch(x, ids, wts, *ws)[0], atol=2e-5, rtol=1e-5)
     assert float(dropped) == 0.0
 
 
@@ -63,7 +63,7 @@ def test_packed_experts_over_devices_equal_one_device(n, T, skew):
     assert packed.w_gate_up.shape[0] == n and len(packed.w_gate_up.sharding.device_set) == n
     got = jax.jit(decode_layout_experts)(x, ids, wts, packed)[0]
     np.testing.assert_allclose(got, one, atol=1e-5, rtol=1e-5)
-    np.testing.assert_allclose(got, decode_layout_experts(x, ids, wts, moe_lib.split_experts(*ws))[0],
+    np.testing.assert_allclose(got, decode_layout_experts(x, ids, wts, experts_xla.split_experts(*ws))[0],
                                atol=1e-5, rtol=1e-5)
 
 
@@ -85,13 +85,13 @@ def test_packed_matrix_over_devices_equals_one_device(n, split):
 def test_shard_experts_layout_choice_and_errors():
     mesh = unrolled.decode_mesh(4)
     ws = [jnp.ones(s, jnp.float32) for s in ((8, 16, 6), (8, 16, 6), (8, 6, 16))]  # F = 6: 4 does not divide it
-    assert moe_lib.shard_experts(*ws, mesh).split == "expert"
+    assert experts_xla.shard_experts(*ws, mesh).split == "expert"
     with pytest.raises(ValueError, match="'ffn' needs 4 to divide 6"):
-        moe_lib.shard_experts(*ws, mesh, "ffn")
+        experts_xla.shard_experts(*ws, mesh, "ffn")
     ws = [jnp.ones(s, jnp.float32) for s in ((6, 16, 8), (6, 16, 8), (6, 8, 16))]  # E = 6, F = 8
-    assert moe_lib.shard_experts(*ws, mesh).split == "ffn"
+    assert experts_xla.shard_experts(*ws, mesh).split == "ffn"
     with pytest.raises(ValueError, match="'expert' needs 4 to divide 6"):
-        moe_lib.shard_experts(*ws, mesh, "expert")
+        experts_xla.shard_experts(*ws, mesh, "expert")
 
 
 def _generate(cfg, params, n, swap=None):
@@ -141,7 +141,7 @@ def test_sampler_over_devices_matches_one_device(preset, n, layout, monkeypatch,
     if layout == "packed":
         assert isinstance(ex, cpu_kernels.PackedExperts) and ex.w_gate_up.sharding.spec == P("decode")
     else:
-        assert isinstance(ex, moe_lib.ShardedExperts) and ex.slots[0][0].sharding.spec == P("decode")
+        assert isinstance(ex, experts_xla.ShardedExperts) and ex.slots[0][0].sharding.spec == P("decode")
     m = s.model_cfg
     if layout == "packed":  # the output head: vocab columns over the devices
         head = s.weights.split.prepared["lm_head"]["kernel"]

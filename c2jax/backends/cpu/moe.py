@@ -1,5 +1,5 @@
 """Routed experts (SwiGLU) for CPU training and prefill as two XLA FFI calls (cpu_moe.cc, built
-with c2jax.backends.cpu.kernels), with moe.capacity_dispatch's semantics: each expert takes its
+with c2jax.backends.cpu.kernels), with ops.experts_xla.capacity_dispatch's semantics: each expert takes its
 first `cap` assignments in token order.
 
 Why: XLA CPU's block path (c2jax.ops.experts_xla.block_dispatch) pads each expert's rows to blocks, loops over

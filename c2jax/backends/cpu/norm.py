@@ -6,7 +6,7 @@ Why: XLA CPU materializes the broadcast 1/rms as a full-size array between its r
 product, and runs the rotation's two halves and their concatenation as separate loops; on the
 89M train-step bench the norms and the q/k norm + RoPE took ~0.2 s of a ~2.9 s step.
 
-Same arithmetic as c2jax.models.layers.rms_norm and layers.rotate (float32): y = w (x / rms(x)),
+Same arithmetic as c2jax.ops.layers.rms_norm and rotate (float32): y = w (x / rms(x)),
 then with the rotation y1' = y1 cos - y2 sin, y2' = y2 cos + y1 sin over the halves of the last
 dim. Used by layers.RMSNorm when `usable()` says so.
 
