@@ -77,7 +77,8 @@ def test_wall_split_times_the_first_eval_apart_from_rl():
             rows.append({"step": step, "time": t, "eval/pass_at_1": 0.35})
     t += last
     rows.append({"step": 4, "time": t, "eval/pass_at_1": 0.4})
-    split = _script().wall_split(rows)
+    wall_split = _script().wall_split
+    split = wall_split(rows)
     np.testing.assert_allclose(split["eval_before_s"], before, rtol=1e-9)
     np.testing.assert_allclose(split["rl_wall_s"], 4 * step_s + mid + last, rtol=1e-9)
-    assert _script().wall_split(rows[:3]) == {"eval_before_s": None, "rl_wall_s": None}
+    assert wall_split(rows[:3]) == {"eval_before_s": None, "rl_wall_s": None}
