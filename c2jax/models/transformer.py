@@ -384,33 +384,46 @@ def mtp_forward_with_cache(cfg, params, depth: int, h_BLD, ahead_BL, positions_B
 
 
 def param_count(cfg) -> dict[str, int]:
-    """Total and active (per token) parameter counts; embeddings counted once; "mtp": the MTP
-    heads' own params (in total; they share the embedding and output head)."""
+    """Total and active (per token) parameter counts; embeddings counted once; "mtp" / "mtp_active":
+    the MTP heads' own params, all / per token (in total and active; they share the embedding and
+    output head)."""
     m = model_cfg(cfg)
     shapes = abstract_params(m)
     total = sum(x.size for x in jax.tree.leaves(shapes))
     n_dense, n_moe = layer_counts(m)
-    inactive = 0
+    inactive = mtp_inactive = 0
     if n_moe:
         expert = 3 * m.hidden_size * m.moe_intermediate_size
         inactive = n_moe * (m.num_experts - m.num_experts_per_tok) * expert
-        inactive += m.num_mtp_layers * (m.num_experts - m.num_experts_per_tok) * expert
+        mtp_inactive = m.num_mtp_layers * (m.num_experts - m.num_experts_per_tok) * expert
+        inactive += mtp_inactive
     embed = m.vocab_size * m.hidden_size
     mtp = sum(x.size for k, v in shapes.items() if k.startswith("mtp_") for x in jax.tree.leaves(v))
-    return {"total": int(total), "active": int(total - inactive), "embedding": int(embed), "mtp": int(mtp)}
+    return {"total": int(total), "active": int(total - inactive), "embedding": int(embed), "mtp": int(mtp),
+            "mtp_active": int(mtp - mtp_inactive)}
 
 
-def flops_per_token(cfg, seq_len: int, training: bool = True) -> float:
-    """Matmul FLOPs per token (6N for training, 2N for inference, N = active non-embedding
-    params incl. the output head) plus causal attention score/value FLOPs."""
-    m = model_cfg(cfg)
-    counts = param_count(m)
-    n = counts["active"] - counts["embedding"] + (counts["embedding"] if m.tie_embeddings else 0)
+def _attention_flops(m, layers: int, seq_len: int) -> float:
     if m.attention == "mla":
         qk, v = m.qk_nope_head_dim + m.qk_rope_head_dim, m.v_head_dim
     else:
         qk = v = m.head_dim
-    attn = 2 * m.num_layers * m.num_heads * (qk + v) * seq_len / 2  # causal: half the keys on average
+    return 2 * layers * m.num_heads * (qk + v) * seq_len / 2  # causal: half the keys on average
+
+
+def flops_per_token(cfg, seq_len: int, training: bool = True, mtp: bool | None = None) -> float:
+    """Matmul FLOPs per token (6N for training, 2N for inference, N = active non-embedding
+    params incl. the output head) plus causal attention score/value FLOPs. mtp (default: training):
+    the MTP heads run too, each its layer, its attention and one more output-head product; without
+    them their params are not counted."""
+    m = model_cfg(cfg)
+    counts = param_count(m)
+    n = counts["active"] - counts["embedding"] + (counts["embedding"] if m.tie_embeddings else 0)
+    n -= counts["mtp_active"]
+    attn = _attention_flops(m, m.num_layers, seq_len)
+    if (training if mtp is None else mtp) and m.num_mtp_layers:
+        n += counts["mtp_active"] + m.num_mtp_layers * m.vocab_size * m.hidden_size
+        attn += _attention_flops(m, m.num_mtp_layers, seq_len)
     mult = 3 if training else 1
     return float(mult * (2 * n + attn))
 

@@ -501,7 +501,12 @@ def test_param_count_matches_hand_count_and_flops():
     assert counts["total"] == total
     assert counts["total"] - counts["active"] == 3 * (E - K) * 3 * D * Fe  # 2 MoE layers + 1 MTP block
     assert counts["embedding"] == V * D
-    f_train = c2jax.models.flops_per_token(cfg, 128)
-    f_inf = c2jax.models.flops_per_token(cfg, 128, training=False)
-    assert f_train == pytest.approx(3 * f_inf)
-    assert f_inf > 2 * (counts["active"] - counts["embedding"])  # attention FLOPs on top of 2N
+    assert counts["mtp"] == mtp and counts["mtp_active"] == mtp - (E - K) * 3 * D * Fe
+    L = 128
+    attn_flops = 2 * H * (2 * P) * L / 2                       # one layer's causal scores + values
+    trunk = counts["active"] - counts["mtp_active"]            # untied: the head's D x V is in there
+    f_inf = c2jax.models.flops_per_token(cfg, L, training=False)
+    assert f_inf == pytest.approx(2 * (trunk - V * D) + 2 * attn_flops)    # the MTP block does not run
+    f_train = c2jax.models.flops_per_token(cfg, L)  # + the MTP block, its attention, its head product
+    assert f_train == pytest.approx(3 * (2 * (trunk - V * D + counts["mtp_active"] + D * V) + 3 * attn_flops))
+    assert c2jax.models.flops_per_token(cfg, L, mtp=False) == pytest.approx(3 * f_inf)
