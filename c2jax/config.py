@@ -109,7 +109,7 @@ def mesh_defaults() -> ml_collections.ConfigDict:
     m.ep_token_chunks = 1              # EP: dispatch the local tokens in this many chunks, each rematerialized (capacity per chunk)
     # EP exchange: "capacity" sends factor * A / W rows to every peer (padded; an assignment past
     # its peer's share is dropped; MXFP8 rows when model.quant is set); "ragged" sends only the
-    # routed rows (ragged all-to-all) into receive buffers of factor * A rows (0: A * W, dropless),
+    # routed rows (ragged all-to-all) into receive buffers of factor * A rows (0: W * T * min(K, E / W), dropless),
     # dropping only what overflows a receiver; rows travel in the model dtype
     m.ep_exchange = "capacity"
     # logical axis name -> mesh axes (None = replicated); used for params and activations.

@@ -8,14 +8,16 @@ EP 8 = data 4 x CP 2 in CPT, EP 8 = CP 8 in RL), while dense weights are sharded
 
 Per MoE layer, on every device (T local tokens, K experts each, A = T*K assignments):
  1. sort assignments by destination EP rank, keep at most `cap` per destination
-    (cap = A, dropless, when mesh.ep_capacity_factor == 0), build a [EP, cap, D] send buffer;
+    (cap = T * min(K, E / EP), dropless, when mesh.ep_capacity_factor == 0: a token's K experts
+    are distinct, so no more of its rows go to one peer), build a [EP, cap, D] send buffer;
  2. cast the rows to the expert dtype (MXFP8 values + E8M0 scales when model.quant is
     mxfp8/nvfp4) and all-to-all them (plus local expert ids) over the EP axes;
  3. run the local experts (sorted grouped matmul, the same gmm as the single-device path);
  4. all-to-all the outputs back in the model dtype (bf16 in production), weight and sum the k
     results in float32 and cast back.
 With mesh.ep_exchange = "ragged", steps 1-4 send only the routed rows instead (c2jax.ops.ragged:
-a ragged all-to-all into receive buffers of ep_capacity_factor x A rows, A x W when 0, dropless;
+a ragged all-to-all into receive buffers of ep_capacity_factor x A rows, W x T x min(K, E / W)
+when 0, dropless;
 an assignment is dropped only when its receiver's buffer is full), and rows travel unquantized.
 With mesh.ep_token_chunks = n > 1 the local tokens go through 1-4 in n chunks one after another
 (capacity per chunk), each rematerialized in the backward pass, so the [W * cap, D] buffers
@@ -147,10 +149,15 @@ def expert_parallel_dispatch(x_BLD, ids_BLK, weights_BLK, w_gate, w_up, w_down, 
     e_local = E // W
     dt = x_BLD.dtype
 
+    def per_peer_most(T):
+        # a token's K experts are distinct, so at most min(K, E / W) of its rows go to one peer
+        return T * min(K, e_local)
+
     def one_ragged(x_TD, ids_TK, wts_TK, wg, wu, wd):
         T = x_TD.shape[0]
         A = T * K
-        R = A * W if factor <= 0 else min(A * W, max(1, math.ceil(factor * A)))   # receive rows
+        most = W * per_peer_most(T)                   # dropless: the most rows any receiver can get
+        R = most if factor <= 0 else min(most, max(1, math.ceil(factor * A)))   # receive rows
         flat = ids_TK.reshape(A).astype(jnp.int32)
         dest = flat // e_local
         order = jnp.argsort(dest, stable=True)        # send rows in peer order
@@ -174,7 +181,8 @@ def expert_parallel_dispatch(x_BLD, ids_BLK, weights_BLK, w_gate, w_up, w_down, 
             return one_ragged(x_TD, ids_TK, wts_TK, wg, wu, wd)
         T = x_TD.shape[0]
         A = T * K
-        cap = A if factor <= 0 else min(A, max(1, math.ceil(factor * A / W)))
+        most = per_peer_most(T)
+        cap = most if factor <= 0 else min(most, max(1, math.ceil(factor * A / W)))
         flat = ids_TK.reshape(A).astype(jnp.int32)
         dest = flat // e_local
         order = jnp.argsort(dest, stable=True)
