@@ -75,3 +75,42 @@ def test_table_rows_and_failures(tmp_path):
     assert "extrapolated" in rows[0] and "compile_error" in rows[0]   # the failed full compile is named
     assert sums["tunix"]["whole_source"].startswith("extrapolated")   # falls back to L2 / L4
     assert "11.00 (5.00, 6.00, 5.00)" in rows[1]
+
+
+def _om(seconds):
+    return {"optimal_seconds": seconds, "flops": 1e12, "bytes_accessed": 1e9, "kernel_seconds_self": 0.0,
+            "kernel_seconds_model": seconds / 2, "unmodeled_kernels": 0}
+
+
+def test_one_cost_model_step_adds_tunix_reference_program_and_verdict(tmp_path):
+    """Under the one cost model Tunix's step is its update plus its separate reference-forward
+    program (read from the unrolled full compile), c2jax's is its step (reference inside),
+    extrapolated from L2 / L4; the verdict line names both ratios and whether each is met."""
+    mod = _module()
+    t = _tunix()
+    t["compiles"]["full"]["one_model"] = _om(8.0)
+    t["compiles"]["full"]["ref_forward"] = {"status": "ok", "memory": MEM, "cost": _cost(5.0, 2.5),
+                                           "one_model": _om(2.0)}
+    c = _c2jax()
+    c["compiles"]["L2"]["one_model"] = _om(0.1)
+    c["compiles"]["L4"]["one_model"] = _om(0.14)
+    c["compiles"]["full"]["one_model"] = _om(0.02)    # a scanned program: loop body once, not read
+    c["point"] = dict(POINT, c2jax_point="qwen3_30b_a3b-ep64-ragged")
+    st = mod.summarize(t)["one_model"]
+    assert st["step_s"] == pytest.approx(10.0) and st["update_source"] == "full-depth compile"
+    sc = mod.summarize(c)["one_model"]
+    assert sc["step_s"] == pytest.approx(0.1 + 46 * 0.02) and sc["reference_in_step"]
+    assert sc["update_source"] == "extrapolated from L2 and L4"
+    paths = []
+    for name, r in (("a_tunix.json", t), ("b_c2jax.json", c)):
+        (tmp_path / name).write_text(json.dumps(r))
+        paths.append(str(tmp_path / name))
+    md, sums = mod.table(paths)
+    assert set(sums) == {"tunix", "c2jax qwen3_30b_a3b-ep64-ragged"}   # a layout of its own row
+    assert "10.000 = 8.000 + 2.000" in md
+    line = [x for x in md.splitlines() if x.startswith("- c2jax qwen3_30b_a3b-ep64-ragged vs tunix")][0]
+    assert "HBM 11.00 vs 20.00 GiB (1.82x less: met)" in line
+    assert f"{10.0 / 1.02:.2f}x: met" in line
+    # without Tunix's reference program its step is not given, and the verdict says so
+    del t["compiles"]["full"]["ref_forward"]
+    assert mod.summarize(t)["one_model"]["step_s"] is None

@@ -118,6 +118,10 @@ POINTS = {
                                                                        "ep_capacity_factor": 0.0}),
     "qwen3_30b_a3b-fsdp8_ep8-ragged2": dict(model="qwen3_30b_a3b", topology="v5p:4x4x4", fsdp=8, ep=8, batch=64,
                                             seq=4096, c2jax_mesh_extra={"ep_exchange": "ragged"}),
+    # Tunix's default layout for this slice (tunix_rl_aot.py): dense weights FSDP and experts EP over the
+    # same 64 chips (2 experts a chip), a ragged all-to-all into dropless worst-case receive buffers
+    "qwen3_30b_a3b-ep64-ragged": dict(model="qwen3_30b_a3b", topology="v5p:4x4x4", fsdp=1, ep=64, batch=64, seq=4096,
+                                      c2jax_mesh_extra={"ep_exchange": "ragged", "ep_capacity_factor": 0.0}),
     # v5p-512 (256 chips): 671B x 16 B of f32 state + grads = 10.7 TB, 42 GB per chip
     "deepseek_v3_671b-fsdp32_ep8": dict(model="deepseek_v3_671b", topology="v5p:4x8x8", fsdp=32, ep=8, batch=256,
                                         seq=4096, layers=(4, 6)),

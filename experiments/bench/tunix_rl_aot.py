@@ -78,20 +78,25 @@ PEAK_BF16 = {"v5p": 459e12, "v4": 275e12, "v5e": 197e12, "v6e": 918e12}
 # the point both sides compile
 POINT = {"name": "qwen3_30b_a3b-v5p128-fsdp64", "topology": "v5p:4x4x4", "batch": 64, "seq": 4096,
          "prompt_len": 1024, "layers": 48}
+# c2jax's layout: tpu_aot.py's point of that name (--c2jax-point picks another, e.g. Tunix's own layout
+# qwen3_30b_a3b-ep64-ragged: dense weights FSDP and experts EP over the same 64 chips, dropless)
+C2JAX_POINT = "qwen3_30b_a3b-fsdp64"
 # Qwen3-30B-A3B's shape (both sides' configs carry the same numbers)
 QWEN3_30B = {"heads": 32, "head_dim": 128, "kv_heads": 4, "hidden": 2048, "moe_ffn": 768, "experts": 128,
              "topk": 8, "vocab": 151936}
 
 # the AOT readers MaxText's comparison uses (stdlib-only module; runs in any of the venvs)
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "reference"))
-from maxtext_aot_driver import cost, kernels_without_cost_estimate, memory, mosaic_kernels, version  # noqa: E402
+from maxtext_aot_driver import (cost, kernels_without_cost_estimate, memory, mosaic_calls,  # noqa: E402
+                                mosaic_kernels, version)
 
 
 # ----------------------------------------------------------------------------- shared helpers
 
-def compile_lowered(lowered) -> dict:
+def compile_lowered(lowered, topology: str | None = None) -> dict:
     """Compile; the compiler's memory and cost reports, or the exception (an HBM refusal is
-    status hbm_oom with the temp the compiler asked for)."""
+    status hbm_oom with the temp the compiler asked for). With `topology`, also the Mosaic calls
+    of the optimized HLO and the compile's figures under the one cost model."""
     t0 = time.time()
     try:
         compiled = lowered.compile()
@@ -101,8 +106,21 @@ def compile_lowered(lowered) -> dict:
                "error": msg[:4000], "compile_s": round(time.time() - t0, 1)}
         return out
     out = {"status": "ok", "compile_s": round(time.time() - t0, 1), "memory": memory(compiled), "cost": cost(compiled)}
+    if topology:
+        out["mosaic_calls"] = mosaic_calls(compiled.as_text())
+        out["one_model"] = one_model(out, topology)
     del compiled
     return out
+
+
+def one_model(comp: dict, topology: str) -> dict | None:
+    """experiments/bench/tpu_aot.py's one cost model of a compile (the compiler's optimal_seconds
+    with every Mosaic call's self-reported cost, both sides' and splash's, replaced by one analytic
+    roofline per kernel family from the call's operand shapes and blocks): computed here, in the
+    side's own venv, so that --table needs no jax."""
+    sys.path.insert(0, os.path.join(ROOT, "experiments", "bench"))
+    from tpu_aot import one_model_figures
+    return one_model_figures(comp, topology.split(":")[0])
 
 
 def attention_flops_per_layer(batch: int, seq: int, chips: int, heads: int, head_dim: int) -> float:
@@ -248,7 +266,7 @@ def tunix_compile(p: dict, layers: int, devices, args) -> dict:
     res["kernels_without_cost_estimate"] = kernels_without_cost_estimate(text)
     res["ragged_all_to_all_sites"] = text.count("ragged_all_to_all")
     del text
-    res.update(compile_lowered(lowered))
+    res.update(compile_lowered(lowered, p["topology"]))
     del lowered
     if args.ref_forward and res["status"] == "ok":
         # RLCluster.get_ref_per_token_logps -> common.compute_per_token_logps on the reference model
@@ -264,7 +282,7 @@ def tunix_compile(p: dict, layers: int, devices, args) -> dict:
         ref = {"lower_s": round(time.time() - t0, 1), "mosaic_kernels": mosaic_kernels(text),
                "kernels_without_cost_estimate": kernels_without_cost_estimate(text)}
         del text
-        ref.update(compile_lowered(lw))
+        ref.update(compile_lowered(lw, p["topology"]))
         res["ref_forward"] = ref
     gc.collect()
     return res
@@ -305,7 +323,7 @@ def c2jax_cfg(p: dict, layers: int | None, unrolled: bool):
     sys.path.insert(0, os.path.join(ROOT, "experiments", "bench"))
     from tpu_aot import c2jax_config, point_spec
     from c2jax.rl.learner import learner_cfg
-    cfg = c2jax_config(point_spec("qwen3_30b_a3b-fsdp64"), layers, unrolled)
+    cfg = c2jax_config(point_spec(p.get("c2jax_point", C2JAX_POINT)), layers, unrolled)
     cfg.train.batch_size, cfg.train.seq_len = p["batch"], p["seq"]
     r = cfg.rl
     r.kl_coef, r.router_replay, r.noreplay_metrics, r.micro_batch_rows = 1e-3, True, False, 0
@@ -335,7 +353,8 @@ def c2jax_compile(p: dict, layers: int | None, unrolled: bool, devices) -> dict:
     res["mosaic_kernels"] = mosaic_kernels(text)
     res["kernels_without_cost_estimate"] = kernels_without_cost_estimate(text)
     del text
-    res.update(compile_lowered(lowered))
+    # a scanned program's calls count once per loop body: only the unrolled ones give whole costs
+    res.update(compile_lowered(lowered, p["topology"] if unrolled else None))
     res["state"] = cc.state_breakdown(abstract[2])
     res["state"]["reference_gib"] = _per_chip(ref) / GiB if ref is not None else 0.0
     res["state"]["batch_gib"] = _per_chip(batch) / GiB
@@ -430,6 +449,7 @@ def summarize(res: dict) -> dict:
         _, rm = extrapolate(c[k_lo]["ref_forward"]["memory"], c[k_hi]["ref_forward"]["memory"], n_lo, n_hi,
                             p["layers"])
         s["ref_forward"] = {"peak_hbm_gib": rm["peak_gib"], **rw, "source": f"extrapolated from {k_lo} and {k_hi}"}
+    s["one_model"] = one_model_summary(res["side"], c, lows, p["layers"])
     kernels_src = full if full.get("mosaic_kernels") is not None else (c[lows[-1][1]] if lows else {})
     s["mosaic_kernels"] = kernels_src.get("mosaic_kernels", {})
     s["kernels_without_cost_estimate"] = kernels_src.get("kernels_without_cost_estimate", {})
@@ -448,45 +468,114 @@ def summarize(res: dict) -> dict:
     return s
 
 
+def _whole_figures(full: dict, c: dict, lows: list, layers: int, get, full_unrolled: bool) -> tuple[dict | None, str]:
+    """get(compile) of the whole step: read from an unrolled full-depth compile, else extrapolated
+    from the two smallest unrolled L<n> compiles; (None, why) when neither has it."""
+    if get(full) and full_unrolled:
+        return get(full), "full-depth compile"
+    have = [(n, k) for n, k in lows if get(c[k])]
+    if len(have) >= 2:
+        (n_lo, k_lo), (n_hi, k_hi) = have[0], have[1]
+        return extrapolate(get(c[k_lo]), get(c[k_hi]), n_lo, n_hi, layers)[1], f"extrapolated from {k_lo} and {k_hi}"
+    return None, "no compile with its Mosaic calls recorded"
+
+
+def one_model_summary(side: str, c: dict, lows: list, layers: int) -> dict:
+    """The whole step under the one cost model: the update program and, where the side runs the
+    reference model's forward as a program of its own (Tunix), that program too; c2jax's step holds
+    the reference forward (rl.kl_coef > 0)."""
+    full = c.get("full", {})
+    unrolled = not full.get("scan", True)
+    upd, src = _whole_figures(full, c, lows, layers, lambda r: r.get("one_model"), unrolled)
+    out = {"update": upd, "update_source": src, "reference_in_step": side == "c2jax"}
+    if side == "c2jax":
+        out["ref_forward"], out["ref_forward_source"] = None, "inside the step"
+    else:
+        out["ref_forward"], out["ref_forward_source"] = _whole_figures(
+            full.get("ref_forward", {}), {k: v.get("ref_forward", {}) for k, v in c.items()}, lows, layers,
+            lambda r: r.get("one_model"), unrolled)
+    ref_s = 0.0 if side == "c2jax" else (out["ref_forward"] or {}).get("optimal_seconds")
+    out["step_s"] = upd["optimal_seconds"] + ref_s if upd and ref_s is not None else None
+    return out
+
+
 def fmt(x, f="{:.2f}"):
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f.format(x)
 
 
-def table(paths: list) -> str:
-    """Markdown table, one row per side (the latest report of each side among `paths`)."""
-    latest = {}   # side -> (paths, report with the compiles of all its reports, later files winning)
+def row_label(r: dict) -> str:
+    """A report's row: the side, and c2jax's layout where it is not the default point."""
+    point = r.get("point", {}).get("c2jax_point", C2JAX_POINT)
+    return r["side"] if r["side"] != "c2jax" or point == C2JAX_POINT else f"c2jax {point}"
+
+
+def table(paths: list) -> tuple[str, dict]:
+    """Markdown table, one row per side and layout (reports of the same row merged, later files'
+    compiles winning), and the verdict of each c2jax row against Tunix under the one cost model."""
+    latest = {}   # row -> (paths, report with the compiles of all its reports)
     for path in sorted(paths):
         with open(path) as f:
             r = json.load(f)
-        if r["side"] in latest:
-            prev_paths, prev = latest[r["side"]]
+        key = row_label(r)
+        if key in latest:
+            prev_paths, prev = latest[key]
             r["compiles"] = {**prev["compiles"], **r["compiles"]}
             path = f"{prev_paths} + {os.path.basename(path)}"
-        latest[r["side"]] = (path, r)
+        latest[key] = (path, r)
     lines = ["| side | peak HBM / chip GiB (args, temp, out) | TFLOPs / chip | bytes accessed / chip GB | "
              "optimal_seconds | cost from | kernels without cost estimate | optimal_seconds + their FLOPs at peak | "
-             "Mosaic kernels (call sites in the lowered program) | report |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "step, one cost model: update + reference forward s | Mosaic kernels (call sites in the lowered program) "
+             "| report |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     sums = {}
-    for side in ("tunix", "c2jax"):
-        if side not in latest:
-            continue
-        path, r = latest[side]
+    for key in sorted(latest, key=lambda k: (k != "tunix", k)):
+        path, r = latest[key]
         s = summarize(r)
-        sums[side] = s
+        sums[key] = s
         h = s.get("hbm", {})
         hbm = (f"{fmt(s.get('peak_hbm_gib'))} ({fmt(h.get('arguments_gib'))}, {fmt(h.get('temp_gib'))}, "
                f"{fmt(h.get('outputs_gib'))}); {s['hbm_source']}" if "peak_hbm_gib" in s
                else f"{s.get('full_status', 'not compiled')}")
         w = s.get("whole", {})
+        om = s["one_model"]
+        if om["step_s"] is not None:
+            ref = "in the step" if om["reference_in_step"] else f"{om['ref_forward']['optimal_seconds']:.3f}"
+            one = (f"{om['step_s']:.3f} = {om['update']['optimal_seconds']:.3f} + {ref} "
+                   f"({om['update_source']}; reference: {om['ref_forward_source']})")
+        else:
+            one = f"n/a ({om['update_source']}; reference: {om['ref_forward_source']})"
         kern = ", ".join(f"{k} x{v}" for k, v in s["mosaic_kernels"].items()) or "none"
         noest = ", ".join(f"{k} x{v}" for k, v in s["kernels_without_cost_estimate"].items()) or "none"
-        lines.append(f"| {side} | {hbm} | {fmt(w.get('flops', None) and w['flops'] / 1e12, '{:.1f}')} | "
+        lines.append(f"| {key} | {hbm} | {fmt(w.get('flops', None) and w['flops'] / 1e12, '{:.1f}')} | "
                      f"{fmt(w.get('bytes_accessed', None) and w['bytes_accessed'] / 1e9, '{:.1f}')} | "
                      f"{fmt(w.get('optimal_seconds'), '{:.3f}')} | {s.get('whole_source', 'n/a')} | {noest} | "
-                     f"{fmt(s.get('optimal_seconds_plus_uncounted'), '{:.3f}')} | {kern} | "
+                     f"{fmt(s.get('optimal_seconds_plus_uncounted'), '{:.3f}')} | {one} | {kern} | "
                      f"{path} |")
+    lines += [""] + verdict(sums)
     return "\n".join(lines) + "\n", sums
+
+
+def verdict(sums: dict) -> list[str]:
+    """One line per c2jax row: HBM and one-cost-model step against Tunix's, and whether c2jax is
+    no slower and uses no more HBM."""
+    t = sums.get("tunix")
+    out = []
+    for key, s in sums.items():
+        if key == "tunix" or t is None:
+            continue
+        hbm_t, hbm_c = t.get("peak_hbm_gib"), s.get("peak_hbm_gib")
+        st_t, st_c = t["one_model"]["step_s"], s["one_model"]["step_s"]
+        parts = [f"- {key} vs tunix:"]
+        if hbm_t and hbm_c:
+            parts.append(f"HBM {hbm_c:.2f} vs {hbm_t:.2f} GiB ({hbm_t / hbm_c:.2f}x less: "
+                         f"{'met' if hbm_c <= hbm_t else 'not met'});")
+        if st_t and st_c:
+            parts.append(f"step under the one cost model {st_c:.3f} vs {st_t:.3f} s ({st_t / st_c:.2f}x: "
+                         f"{'met' if st_c <= st_t else 'not met'})")
+        else:
+            parts.append("step under the one cost model: not available for both sides")
+        out.append(" ".join(parts))
+    return out
 
 
 # ----------------------------------------------------------------------------- main
@@ -507,6 +596,9 @@ def main(argv=None) -> int:
     ap.add_argument("--tunix-no-flash", action="store_true", help="Tunix: use_flash_attention False (its default)")
     ap.add_argument("--gmm-estimate-at-mean-rows", action="store_true",
                     help="Tunix: scale megablox's cost estimates to the mean rows a chip receives (same program)")
+    ap.add_argument("--c2jax-point", default=C2JAX_POINT,
+                    help="c2jax: the layout, a point of experiments/bench/tpu_aot.py (qwen3_30b_a3b-ep64-ragged: "
+                         "Tunix's EP 64 over the fsdp chips, dropless)")
     ap.add_argument("--tag", default="", help="suffix of the report's file name")
     ap.add_argument("--out-dir", default=DEFAULT_OUT)
     ap.add_argument("--table", nargs="*", help="print the markdown table of these reports and exit")
@@ -517,6 +609,8 @@ def main(argv=None) -> int:
     if not args.side:
         ap.error("--side or --table is required")
     p = dict(POINT, batch=args.batch, seq=args.seq, prompt_len=args.prompt_len, topology=args.topology)
+    if args.side == "c2jax":
+        p["c2jax_point"] = args.c2jax_point
     compiles = [c.strip() for c in args.compiles.split(",") if c.strip()]
     started = datetime.datetime.now(datetime.timezone.utc)
     t0 = time.time()
@@ -525,7 +619,8 @@ def main(argv=None) -> int:
                command=" ".join([os.path.relpath(sys.executable, ROOT) if sys.executable.startswith(ROOT)
                                  else sys.executable, os.path.relpath(__file__, ROOT), *sys.argv[1:]]))
     res["summary"] = summarize(res)
-    stem = f"{started:%Y-%m-%d}_{args.side}_{p['name']}" + (f"-{args.tag}" if args.tag else "")
+    layout = f"-{args.c2jax_point}" if args.side == "c2jax" and args.c2jax_point != C2JAX_POINT else ""
+    stem = f"{started:%Y-%m-%d}_{args.side}_{p['name']}{layout}" + (f"-{args.tag}" if args.tag else "")
     finish(res, args.out_dir, stem)
     return 0
 
