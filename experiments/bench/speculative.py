@@ -47,8 +47,8 @@ def make_cfg(depth: int, quant: str = "none", model: str = "tiny"):
 
 
 def run(cfg, params, batch, prompt_len, new_tokens, repeats, prompts=None, temperature=0.0, **opts):
-    """(timings of the fastest run, tokens of every run) for one sampler configuration; prompts:
-    an iterator of token lists (default: random tokens)."""
+    """(timings of the fastest run, MTP acceptance over all timed runs, tokens of every run) for one
+    sampler configuration; prompts: an iterator of token lists (default: random tokens)."""
     max_len = -(-(prompt_len + new_tokens + 8) // 16) * 16
     s = Sampler(cfg, params, max_batch=batch, max_len=max_len, chunk=new_tokens, **opts)
     rng = np.random.default_rng(0)
@@ -68,10 +68,13 @@ def run(cfg, params, batch, prompt_len, new_tokens, repeats, prompts=None, tempe
         return dt, toks, s.spec_drafted - d0, s.spec_accepted - a0, s.decode_steps - st0, dc
 
     runs = [once() for _ in range(1 + max(repeats, 1))]   # the first one compiles
-    dt, _, drafted, accepted, steps, _ = min(runs[1:], key=lambda r: r[0])
+    dt, _, _, _, steps, _ = min(runs[1:], key=lambda r: r[0])
     dc = min(r[5] for r in runs[1:])
+    # acceptance over every timed run (each its own prompts), not only the fastest one's
+    drafted, accepted = sum(r[2] for r in runs[1:]), sum(r[3] for r in runs[1:])
     return {"tok_s": batch * new_tokens / dt, "cpu_tok_s": batch * new_tokens / dc, "decode_s": dt, "steps": steps,
-            "acceptance": accepted / drafted if drafted else None}, [r[1] for r in runs]
+            "acceptance": accepted / drafted if drafted else None,
+            "acceptance_runs": [r[3] / r[2] if r[2] else None for r in runs[1:]]}, [r[1] for r in runs]
 
 
 def bench_speculative(args, rows):
@@ -137,22 +140,35 @@ def bench_trained(args, rows):
         scanned, _ = same(split_decode=False)
         spec, got = same(speculative="mtp")
         assert got == want, "speculative output differs from plain decoding"
-        sampled, _ = same(speculative="mtp", temperature=1.0)
+        sampled, drawn = same(speculative="mtp", temperature=1.0)
         step_cost = (spec["decode_s"] / spec["steps"]) / (scanned["decode_s"] / scanned["steps"])
         predicted = (1 + spec["acceptance"] * d) / step_cost
         row = {"bench": "mtp_trained", "run": os.path.relpath(os.path.abspath(args.run)), "model": cfg.model.name,
                "depth": d, "batch": batch, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
                "acceptance_greedy": spec["acceptance"], "acceptance_t1": sampled["acceptance"],
+               "acceptance_greedy_runs": spec["acceptance_runs"], "acceptance_t1_runs": sampled["acceptance_runs"],
                "plain_tok_s": plain["tok_s"], "plain_scanned_tok_s": scanned["tok_s"], "spec_tok_s": spec["tok_s"],
                "speedup_vs_scanned": spec["tok_s"] / scanned["tok_s"], "speedup_vs_plain": spec["tok_s"] / plain["tok_s"],
                "spec_step_cost_vs_scanned": step_cost, "predicted_speedup_vs_scanned": predicted,
-               "tokens_per_spec_step": args.new_tokens / spec["steps"], "plain_steps": scanned["steps"], "spec_steps": spec["steps"]}
+               "tokens_per_spec_step": args.new_tokens / spec["steps"], "plain_steps": scanned["steps"], "spec_steps": spec["steps"],
+               # a model that loops on a few tokens makes drafting easy: how varied the text is
+               "distinct_fraction_greedy": distinct_fraction(want), "distinct_fraction_t1": distinct_fraction(drawn)}
         rows.append(row)
-        print(f"trained {cfg.model.name} d={d} batch {batch}: acceptance greedy {spec['acceptance']:.3f}, "
-              f"T=1 {sampled['acceptance']:.3f}; plain {plain['tok_s']:.1f} tok/s (scanned {scanned['tok_s']:.1f}), "
+        sd = lambda xs: float(np.std(xs, ddof=1) / np.sqrt(len(xs))) if len(xs) > 1 else float("nan")  # noqa: E731
+        row["acceptance_greedy_se"], row["acceptance_t1_se"] = sd(spec["acceptance_runs"]), sd(sampled["acceptance_runs"])
+        print(f"trained {cfg.model.name} d={d} batch {batch}: acceptance greedy {spec['acceptance']:.3f} "
+              f"(+- {row['acceptance_greedy_se']:.3f} over {len(spec['acceptance_runs'])} runs), "
+              f"T=1 {sampled['acceptance']:.3f} (+- {row['acceptance_t1_se']:.3f}); plain {plain['tok_s']:.1f} tok/s (scanned {scanned['tok_s']:.1f}), "
               f"mtp {spec['tok_s']:.1f} tok/s: x{row['speedup_vs_scanned']:.2f} vs scanned (predicted "
               f"x{predicted:.2f}: a spec step costs x{step_cost:.2f} a scanned step), x{row['speedup_vs_plain']:.2f} "
-              f"vs plain", flush=True)
+              f"vs plain; distinct tokens per row greedy {row['distinct_fraction_greedy']:.2f}, T=1 "
+              f"{row['distinct_fraction_t1']:.2f}", flush=True)
+
+
+def distinct_fraction(runs) -> float:
+    """Mean over generated rows (of every run) of distinct tokens / tokens."""
+    fr = [len(set(t)) / len(t) for toks in runs for t in toks if len(t)]
+    return sum(fr) / len(fr) if fr else float("nan")
 
 
 def bench_quantized(args, rows):
