@@ -143,3 +143,26 @@ def test_maxtext_side_by_side_figures_are_in_the_tpu_aot_reports():
     missing = [f"{r['point']}: {fig}" for r in rows for col in TPU_AOT_COLUMNS
                for fig in numbers(re.sub(r"`[^`]*`", "", r[col])) if not matches(fig, candidates)]
     assert not missing, f"figures not in {TPU_AOT_DIR}/*.json: {missing}"
+
+
+TUNIX_DIR = "experiments/results/tunix"
+TUNIX_COLUMNS = ("c2jax HBM / chip", "Tunix HBM / chip", "c2jax step (s)", "Tunix step (s): update + reference")
+
+
+def test_tunix_side_by_side_figures_are_in_the_tunix_reports():
+    """The README's Tunix table: every HBM and step figure is in a committed report of
+    experiments/bench/tunix_rl_aot.py (the step's parts in the one-cost-model figures it records)."""
+    with open(README) as f:
+        section = f.read().split("### RL learner side by side with Tunix", 1)[1].split("\n### ", 1)[0]
+    lines = [ln for ln in section.splitlines() if ln.startswith("|")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    rows = [dict(zip(header, (c.strip() for c in ln.strip().strip("|").split("|")))) for ln in lines[2:]]
+    assert len(rows) >= 2 and all(c in header for c in TUNIX_COLUMNS)
+    d = os.path.join(ROOT, TUNIX_DIR)
+    candidates = [x for name in sorted(os.listdir(d)) if name.endswith(".json")
+                  for x in _artifact_numbers(os.path.join(d, name))]
+    with open(os.path.join(d, "table.md")) as f:   # sums the table command wrote (12.089 = 9.514 + 2.574)
+        candidates += [float(x) for x in re.findall(r"\d+\.\d+", f.read())]
+    missing = [f"{r['layout']}: {fig}" for r in rows for col in TUNIX_COLUMNS
+               for fig in numbers(re.sub(r"`[^`]*`", "", r[col])) if not matches(fig, candidates)]
+    assert not missing, f"figures not in {TUNIX_DIR}: {missing}"
