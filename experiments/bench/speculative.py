@@ -171,6 +171,51 @@ def distinct_fraction(runs) -> float:
     return sum(fr) / len(fr) if fr else float("nan")
 
 
+def bench_tasks(args, rows):
+    """A trained run's MTP head drafting where the model runs: held-out agent episodes of the
+    harness (args.suite, e.g. the demo's synthetic:1) at T = 1 with speculative decoding on, one
+    episode at a time; first-position acceptance from the sampler's counters, per episode and
+    over all, and the pass rate."""
+    import tempfile
+
+    import c2jax.sections  # noqa: F401  (the data / eval / rl config sections)
+    from c2jax.data.tokenizer import Tokenizer
+    from c2jax.evals.benchmark import run_benchmark
+    from c2jax.pipeline import Sandbox, episode_config, model_policy_factory
+    from c2jax.tasks import load_suite
+    from c2jax.train.loop import load_run_config, load_run_params
+    cfg = load_run_config(args.run)
+    if not cfg.model.num_mtp_layers:
+        raise SystemExit(f"{args.run}: the model has no MTP heads (model.num_mtp_layers = 0)")
+    params = load_run_params(args.run, cfg)
+    tok = Tokenizer.load(args.run)
+    tasks = {args.suite: load_suite(args.suite, "heldout", n=args.tasks, seed=0)}
+    factory, harness = model_policy_factory(cfg, params, tok, temperature=1.0, speculative="mtp")
+    s = harness.sampler
+    marks = []     # (drafted, accepted) when each episode's policy is made: episodes run one at a time
+
+    def policy(task):
+        marks.append((s.spec_drafted, s.spec_accepted))
+        return factory(task)
+
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as out:
+        rep = run_benchmark(tasks, policy, 1, tokenizer=tok, sandbox=Sandbox(), config=episode_config(),
+                            out_dir=out, concurrency=1, policy_name=os.path.basename(args.run))
+    marks.append((s.spec_drafted, s.spec_accepted))
+    per = [(a1 - a0) / (d1 - d0) for (d0, a0), (d1, a1) in zip(marks, marks[1:]) if d1 > d0]
+    acc = (marks[-1][1] - marks[0][1]) / max(marks[-1][0] - marks[0][0], 1)
+    se = float(np.std(per, ddof=1) / np.sqrt(len(per))) if len(per) > 1 else float("nan")
+    row = {"bench": "mtp_trained_tasks", "run": os.path.relpath(os.path.abspath(args.run)), "model": cfg.model.name,
+           "suite": args.suite, "episodes": len(marks) - 1, "temperature": 1.0, "acceptance_t1": acc,
+           "acceptance_t1_episodes": per, "acceptance_t1_se": se, "drafted": marks[-1][0] - marks[0][0],
+           "pass_rate": rep["suites"][args.suite]["accuracy"], "wall_s": time.perf_counter() - t0}
+    rows.append(row)
+    print(f"trained {cfg.model.name} on {len(marks) - 1} held-out {args.suite} episodes at T=1: acceptance "
+          f"{acc:.3f} (+- {se:.3f} over episodes, {row['drafted']} drafts), pass rate {row['pass_rate']:.3f}",
+          flush=True)
+
+
 def bench_quantized(args, rows):
     for quant in args.quants:
         cfg = make_cfg(0, quant, model=args.model)
@@ -206,6 +251,9 @@ def main() -> int:
     ap.add_argument("--json", default=None, help="also write all rows to this file")
     ap.add_argument("--run", default=None, help="a trained run directory: benchmark its own MTP heads on "
                     "held-out text (only this bench runs)")
+    ap.add_argument("--tasks", type=int, default=0, help="with --run: instead, draft in this many held-out agent "
+                    "episodes of --suite at T = 1")
+    ap.add_argument("--suite", default="synthetic:1", help="with --tasks: the task suite")
     args = ap.parse_args()
     args.batches = [int(x) for x in args.batches.split(",")]
     args.depths = [int(x) for x in args.depths.split(",")]
@@ -213,7 +261,9 @@ def main() -> int:
     args.quants = [x for x in args.quants.split(",") if x]
     print(f"backend {jax.default_backend()}", flush=True)
     rows: list[dict] = []
-    if args.run:
+    if args.run and args.tasks:
+        bench_tasks(args, rows)
+    elif args.run:
         bench_trained(args, rows)
     elif args.only in (None, "mtp"):
         bench_speculative(args, rows)
