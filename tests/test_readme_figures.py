@@ -128,17 +128,25 @@ TPU_AOT_DIR = "experiments/results/tpu_aot"
 TPU_AOT_COLUMNS = ("c2jax HBM / chip", "MaxText HBM / chip", "c2jax step (s)", "MaxText step (s)")
 
 
-def test_maxtext_side_by_side_figures_are_in_the_tpu_aot_reports():
-    """The pod section's MaxText table: every HBM and step-time figure is in a committed report."""
+def _readme_table(heading: str) -> tuple[list, list]:
+    """(header, rows as dicts) of the first table in the README section under `heading`."""
     with open(README) as f:
-        section = f.read().split("### Side by side with MaxText", 1)[1].split("\n### ", 1)[0]
+        section = f.read().split(heading, 1)[1].split("\n### ", 1)[0]
     lines = [ln for ln in section.splitlines() if ln.startswith("|")]
     header = [c.strip() for c in lines[0].strip("|").split("|")]
-    rows = [dict(zip(header, (c.strip() for c in ln.strip().strip("|").split("|")))) for ln in lines[2:]]
+    return header, [dict(zip(header, (c.strip() for c in ln.strip().strip("|").split("|")))) for ln in lines[2:]]
+
+
+def _reports_numbers(directory: str) -> list:
+    d = os.path.join(ROOT, directory)
+    return [x for name in sorted(os.listdir(d)) if name.endswith(".json") for x in _artifact_numbers(os.path.join(d, name))]
+
+
+def test_maxtext_side_by_side_figures_are_in_the_tpu_aot_reports():
+    """The pod section's MaxText table: every HBM and step-time figure is in a committed report."""
+    header, rows = _readme_table("### Side by side with MaxText")
     assert len(rows) >= 4 and all(c in header for c in TPU_AOT_COLUMNS)
-    d = os.path.join(ROOT, TPU_AOT_DIR)
-    candidates = [x for name in sorted(os.listdir(d)) if name.endswith(".json")
-                  for x in _artifact_numbers(os.path.join(d, name))]
+    candidates = _reports_numbers(TPU_AOT_DIR)
     # numbers inside code spans are settings (`model.head_chunks=8`), not figures
     missing = [f"{r['point']}: {fig}" for r in rows for col in TPU_AOT_COLUMNS
                for fig in numbers(re.sub(r"`[^`]*`", "", r[col])) if not matches(fig, candidates)]
@@ -152,16 +160,10 @@ TUNIX_COLUMNS = ("c2jax HBM / chip", "Tunix HBM / chip", "c2jax step (s)", "Tuni
 def test_tunix_side_by_side_figures_are_in_the_tunix_reports():
     """The README's Tunix table: every HBM and step figure is in a committed report of
     experiments/bench/tunix_rl_aot.py (the step's parts in the one-cost-model figures it records)."""
-    with open(README) as f:
-        section = f.read().split("### RL learner side by side with Tunix", 1)[1].split("\n### ", 1)[0]
-    lines = [ln for ln in section.splitlines() if ln.startswith("|")]
-    header = [c.strip() for c in lines[0].strip("|").split("|")]
-    rows = [dict(zip(header, (c.strip() for c in ln.strip().strip("|").split("|")))) for ln in lines[2:]]
+    header, rows = _readme_table("### RL learner side by side with Tunix")
     assert len(rows) >= 2 and all(c in header for c in TUNIX_COLUMNS)
-    d = os.path.join(ROOT, TUNIX_DIR)
-    candidates = [x for name in sorted(os.listdir(d)) if name.endswith(".json")
-                  for x in _artifact_numbers(os.path.join(d, name))]
-    with open(os.path.join(d, "table.md")) as f:   # sums the table command wrote (12.089 = 9.514 + 2.574)
+    candidates = _reports_numbers(TUNIX_DIR)
+    with open(os.path.join(ROOT, TUNIX_DIR, "table.md")) as f:   # sums the table command wrote (12.089 = 9.514 + 2.574)
         candidates += [float(x) for x in re.findall(r"\d+\.\d+", f.read())]
     missing = [f"{r['layout']}: {fig}" for r in rows for col in TUNIX_COLUMNS
                for fig in numbers(re.sub(r"`[^`]*`", "", r[col])) if not matches(fig, candidates)]
