@@ -58,7 +58,8 @@ def get_config(arg=None):
         # (the same tasks and sampling seeds, so the change is paired per task).
         # Bug fixes only, attempts above their group's mean reinforced (rl.negative_advantage_scale 0),
         # no KL anchor, lr 1e-4, 60 steps with a held-out eval every 30 (40 steps rose +0.041 and
-        # +0.061, 60 steps +0.072, 70 steps +0.037; lr 2e-4 for 64 steps +0.012):
+        # +0.061, 60 steps +0.072, 70 steps +0.037; lr 2e-4 for 64 steps +0.012; lr 1.5e-4 on a cosine
+        # to 1.5e-5 over 60 steps +0.064):
         # experiments/results/rl_harness/learning.json.
         updates.update({
             "rl.steps": 60, "rl.prompts_per_step": 16, "rl.eval_every": 30, "rl.eval_tasks": 128, "rl.eval_k": 4,
