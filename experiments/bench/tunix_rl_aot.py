@@ -85,8 +85,10 @@ C2JAX_POINT = "qwen3_30b_a3b-fsdp64"
 QWEN3_30B = {"heads": 32, "head_dim": 128, "kv_heads": 4, "hidden": 2048, "moe_ffn": 768, "experts": 128,
              "topk": 8, "vocab": 151936}
 
-# the AOT readers MaxText's comparison uses (stdlib-only module; runs in any of the venvs)
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "reference"))
+# the AOT readers MaxText's comparison uses (stdlib-only module; runs in any of the venvs), and
+# the bench's own modules (tpu_aot: the c2jax configs of its points, the one cost model; it puts ROOT on the path)
+sys.path.insert(0, os.path.join(ROOT, "experiments", "reference"))
+sys.path.insert(0, os.path.join(ROOT, "experiments", "bench"))
 from maxtext_aot_driver import (cost, kernels_without_cost_estimate, memory, mosaic_calls,  # noqa: E402
                                 mosaic_kernels, version)
 
@@ -118,7 +120,6 @@ def one_model(comp: dict, topology: str) -> dict | None:
     with every Mosaic call's self-reported cost, both sides' and splash's, replaced by one analytic
     roofline per kernel family from the call's operand shapes and blocks): computed here, in the
     side's own venv, so that --table needs no jax."""
-    sys.path.insert(0, os.path.join(ROOT, "experiments", "bench"))
     from tpu_aot import one_model_figures
     return one_model_figures(comp, topology.split(":")[0])
 
@@ -319,8 +320,6 @@ def tunix_side(p: dict, compiles: list, args) -> dict:
 # ----------------------------------------------------------------------------- c2jax side
 
 def c2jax_cfg(p: dict, layers: int | None, unrolled: bool):
-    sys.path.insert(0, ROOT)
-    sys.path.insert(0, os.path.join(ROOT, "experiments", "bench"))
     from tpu_aot import c2jax_config, point_spec
     from c2jax.rl.learner import learner_cfg
     cfg = c2jax_config(point_spec(p.get("c2jax_point", C2JAX_POINT)), layers, unrolled)
@@ -434,22 +433,19 @@ def summarize(res: dict) -> dict:
             s["hbm"] = {k: mem[k] for k in ("arguments_gib", "temp_gib", "outputs_gib", "aliased_gib")}
             s["hbm_source"] = f"extrapolated linearly from the unrolled {k_lo} and {k_hi}" + (
                 f" (full compile: {s['full_status']})" if "full_status" in s else "")
-    if full.get("status") == "ok" and not full.get("scan", True):
-        s["whole"], s["whole_source"] = full["cost"], "full-depth compile (unrolled: XLA counts every layer)"
-    elif "extrapolated" in s:
-        s["whole"] = s["extrapolated"]
-        s["whole_source"] = f"extrapolated from the unrolled {s['extrapolated_from'][0]} and {s['extrapolated_from'][1]}"
-    ref = full.get("ref_forward")
-    if ref and ref.get("status") == "ok":
-        s["ref_forward"] = {"peak_hbm_gib": ref["memory"]["peak_gib"], **ref["cost"],
-                            "source": "full-depth compile"}
-    elif len(lows) >= 2 and all(c[k].get("ref_forward", {}).get("status") == "ok" for _, k in lows[:2]):
-        (n_lo, k_lo), (n_hi, k_hi) = lows[0], lows[1]
-        _, rw = extrapolate(c[k_lo]["ref_forward"]["cost"], c[k_hi]["ref_forward"]["cost"], n_lo, n_hi, p["layers"])
-        _, rm = extrapolate(c[k_lo]["ref_forward"]["memory"], c[k_hi]["ref_forward"]["memory"], n_lo, n_hi,
-                            p["layers"])
-        s["ref_forward"] = {"peak_hbm_gib": rm["peak_gib"], **rw, "source": f"extrapolated from {k_lo} and {k_hi}"}
-    s["one_model"] = one_model_summary(res["side"], c, lows, p["layers"])
+    def whole(get, tree=c, top=full):   # the whole step's figure `get` of one program of the side
+        return _whole_figures(top, tree, lows, p["layers"], get, not full.get("scan", True))
+
+    refs, ref_full = {k: v.get("ref_forward", {}) for k, v in c.items()}, full.get("ref_forward", {})
+    w, src = whole(_reported("cost"))
+    if w:
+        s["whole"], s["whole_source"] = w, src
+    rw, rsrc = whole(_reported("cost"), refs, ref_full)
+    rm, _ = whole(_reported("memory"), refs, ref_full)
+    if rw and rm:
+        s["ref_forward"] = {"peak_hbm_gib": rm["peak_gib"], **rw, "source": rsrc}
+    s["one_model"] = one_model_summary(res["side"], whole(_reported("one_model")),
+                                       whole(_reported("one_model"), refs, ref_full))
     kernels_src = full if full.get("mosaic_kernels") is not None else (c[lows[-1][1]] if lows else {})
     s["mosaic_kernels"] = kernels_src.get("mosaic_kernels", {})
     s["kernels_without_cost_estimate"] = kernels_src.get("kernels_without_cost_estimate", {})
@@ -468,32 +464,31 @@ def summarize(res: dict) -> dict:
     return s
 
 
+def _reported(key: str):
+    """A compile's figure `key` (cost, memory, one_model), None where it did not compile."""
+    return lambda r: r.get(key) if r.get("status") == "ok" else None
+
+
 def _whole_figures(full: dict, c: dict, lows: list, layers: int, get, full_unrolled: bool) -> tuple[dict | None, str]:
-    """get(compile) of the whole step: read from an unrolled full-depth compile, else extrapolated
-    from the two smallest unrolled L<n> compiles; (None, why) when neither has it."""
+    """get(compile) of the whole step: read from an unrolled full-depth compile (XLA counts every
+    layer), else extrapolated from the two smallest unrolled L<n> compiles; (None, why) when
+    neither has it."""
     if get(full) and full_unrolled:
         return get(full), "full-depth compile"
-    have = [(n, k) for n, k in lows if get(c[k])]
+    have = [(n, k) for n, k in lows if get(c.get(k, {}))]
     if len(have) >= 2:
         (n_lo, k_lo), (n_hi, k_hi) = have[0], have[1]
         return extrapolate(get(c[k_lo]), get(c[k_hi]), n_lo, n_hi, layers)[1], f"extrapolated from {k_lo} and {k_hi}"
-    return None, "no compile with its Mosaic calls recorded"
+    return None, "no compile reports it"
 
 
-def one_model_summary(side: str, c: dict, lows: list, layers: int) -> dict:
-    """The whole step under the one cost model: the update program and, where the side runs the
-    reference model's forward as a program of its own (Tunix), that program too; c2jax's step holds
-    the reference forward (rl.kl_coef > 0)."""
-    full = c.get("full", {})
-    unrolled = not full.get("scan", True)
-    upd, src = _whole_figures(full, c, lows, layers, lambda r: r.get("one_model"), unrolled)
+def one_model_summary(side: str, update: tuple, ref_forward: tuple) -> dict:
+    """The whole step under the one cost model from (figures, source) of the update program and of
+    the reference model's forward where the side runs it as a program of its own (Tunix); c2jax's
+    step holds the reference forward (rl.kl_coef > 0)."""
+    upd, src = update
     out = {"update": upd, "update_source": src, "reference_in_step": side == "c2jax"}
-    if side == "c2jax":
-        out["ref_forward"], out["ref_forward_source"] = None, "inside the step"
-    else:
-        out["ref_forward"], out["ref_forward_source"] = _whole_figures(
-            full.get("ref_forward", {}), {k: v.get("ref_forward", {}) for k, v in c.items()}, lows, layers,
-            lambda r: r.get("one_model"), unrolled)
+    out["ref_forward"], out["ref_forward_source"] = (None, "inside the step") if side == "c2jax" else ref_forward
     ref_s = 0.0 if side == "c2jax" else (out["ref_forward"] or {}).get("optimal_seconds")
     out["step_s"] = upd["optimal_seconds"] + ref_s if upd and ref_s is not None else None
     return out
