@@ -411,17 +411,17 @@ def _attention_flops(m, layers: int, seq_len: int) -> float:
     return 2 * layers * m.num_heads * (qk + v) * seq_len / 2  # causal: half the keys on average
 
 
-def flops_per_token(cfg, seq_len: int, training: bool = True, mtp: bool | None = None) -> float:
+def flops_per_token(cfg, seq_len: int, training: bool = True, mtp: bool = False) -> float:
     """Matmul FLOPs per token (6N for training, 2N for inference, N = active non-embedding
-    params incl. the output head) plus causal attention score/value FLOPs. mtp (default: training):
-    the MTP heads run too, each its layer, its attention and one more output-head product; without
-    them their params are not counted."""
+    params incl. the output head) plus causal attention score/value FLOPs. mtp: the MTP heads run
+    too, each its layer, its attention and one more output-head product; without them their params
+    are not counted (a training step's choice: c2jax.train.step.train_flops_per_token)."""
     m = model_cfg(cfg)
     counts = param_count(m)
     n = counts["active"] - counts["embedding"] + (counts["embedding"] if m.tie_embeddings else 0)
     n -= counts["mtp_active"]
     attn = _attention_flops(m, m.num_layers, seq_len)
-    if (training if mtp is None else mtp) and m.num_mtp_layers:
+    if mtp and m.num_mtp_layers:
         n += counts["mtp_active"] + m.num_mtp_layers * m.vocab_size * m.hidden_size
         attn += _attention_flops(m, m.num_mtp_layers, seq_len)
     mult = 3 if training else 1

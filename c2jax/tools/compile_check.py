@@ -395,7 +395,7 @@ def _main(cfg, topology: str | None) -> dict:
     from c2jax.config import validate
     from c2jax.models import flops_per_token, param_count
     from c2jax.parallel.mesh import make_mesh
-    from c2jax.train.step import trains_mtp
+    from c2jax.train.step import train_flops_per_token
     pod = pod_cfg(cfg)
     topology = topology or pod.topology
     chip, hbm, peak = chip_spec(topology)
@@ -421,7 +421,7 @@ def _main(cfg, topology: str | None) -> dict:
     train["activations_gib"] = train["temp_gib"] - train["grads_gib"]
     flops = _flops(compiled) if compiled is not None else float("nan")
     tokens = t.batch_size * t.seq_len
-    model_flops = flops_per_token(cfg, t.seq_len, mtp=trains_mtp(cfg)) * tokens
+    model_flops = train_flops_per_token(cfg, t.seq_len) * tokens
     # XLA's cost analysis counts a loop body once (scanned layers, query chunks), so the step
     # time uses the model FLOPs (6N + causal attention, as MFU does); both are reported
     train.update(compile_s=round(time.time() - t0, 1), xla_flops_per_chip=flops,
@@ -459,7 +459,7 @@ def rl_step_section(cfg, mesh, chips: int, peak: float) -> dict:
     (the CPT step's 6N + attention plus one 2N + attention per no-grad forward)."""
     from c2jax.models import flops_per_token
     from c2jax.rl.learner import learner_cfg, num_micro_batches
-    from c2jax.train.step import trains_mtp
+    from c2jax.train.step import train_flops_per_token
     lcfg = learner_cfg(cfg)
     t, r = lcfg.train, lcfg.rl
     t0 = time.time()
@@ -476,7 +476,7 @@ def rl_step_section(cfg, mesh, chips: int, peak: float) -> dict:
     s["activations_gib"] = s["temp_gib"] - s["grads_gib"]
     fwd = rl_no_grad_forwards(lcfg)
     tokens = t.batch_size * t.seq_len
-    train_flops = flops_per_token(lcfg, t.seq_len, mtp=trains_mtp(lcfg)) * tokens
+    train_flops = train_flops_per_token(lcfg, t.seq_len) * tokens
     forward_flops = flops_per_token(lcfg, t.seq_len, training=False) * tokens
     model_flops = train_flops + sum(fwd.values()) * forward_flops
     s.update(compile_s=round(time.time() - t0, 1), no_grad_forwards=fwd, kl_coef=float(r.kl_coef),

@@ -20,7 +20,7 @@ from c2jax.atomic_write import write_text_atomic
 from c2jax.data.codebase import codebase_eval_arrays, iter_batches
 from c2jax.data.pipeline import load_corpus_and_tokenizer, make_sft_iterator, make_train_iterator
 from c2jax.data.tokenizer import Tokenizer
-from c2jax.models import flops_per_token, init_params, param_count
+from c2jax.models import init_params, param_count
 from c2jax.models import param_shardings
 from c2jax.ops.target import target_of_mesh
 from c2jax.parallel import activate, data_sharding, make_mesh
@@ -33,7 +33,8 @@ from c2jax.train.compat import (OPTIMIZER_FIELDS, check_init_from, check_workdir
 from c2jax.train.run_config import load_run_config  # noqa: F401 (re-exported: callers import it from here)
 from c2jax.train.metrics import MetricsWriter, Progress, measured_matmul_peak
 from c2jax.train.optimizer import learning_rate_schedule, make_optimizer
-from c2jax.train.step import BATCH_KEYS, init_sharded_state, make_eval_step, make_train_step, trains_mtp
+from c2jax.train.step import (BATCH_KEYS, init_sharded_state, make_eval_step, make_train_step,
+                              train_flops_per_token)
 
 log = logging.getLogger(__name__)
 
@@ -200,7 +201,7 @@ def _run_training(cfg, workdir: str) -> dict:
         beat.__enter__()
         try:
             peak = t.peak_flops or measured_matmul_peak()
-            fpt = flops_per_token(cfg, t.seq_len, mtp=trains_mtp(cfg))
+            fpt = train_flops_per_token(cfg, t.seq_len)
             progress = Progress(t.steps, start)
             bad_in_a_row, tokens_since, t_since = 0, 0.0, None
             summary = {"params": param_count(cfg), "start_step": start}

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from c2jax.models import forward, head_weight, update_router_bias
+from c2jax.models import flops_per_token, forward, head_weight, update_router_bias
 from c2jax.models.layers import kernels_of
 from c2jax.models.transformer import model_cfg, unrolled_stacks
 from c2jax.ops import token_nll as token_nll_op
@@ -89,6 +89,12 @@ def mtp_distill_loss(mtp_logits_DBLV, logits_BLV, loss_weights_BL, segment_ids_B
 def trains_mtp(cfg) -> bool:
     """Whether a training step distils MTP heads: the model has them and train.mtp_loss_weight > 0."""
     return bool(model_cfg(cfg).num_mtp_layers) and float(cfg.train.mtp_loss_weight) > 0
+
+
+def train_flops_per_token(cfg, seq_len: int) -> float:
+    """Model FLOPs per token of this config's training step: 6N + attention, plus the MTP heads
+    where the step distils them (trains_mtp)."""
+    return flops_per_token(cfg, seq_len, training=True, mtp=trains_mtp(cfg))
 
 
 def mtp_distill_terms(cfg, params, out, loss_weights_BL, segment_ids_BL, head_grad: bool = True):

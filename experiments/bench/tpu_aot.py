@@ -667,11 +667,12 @@ def _version(pkg):
 
 
 def model_figures(p: dict) -> dict:
-    from c2jax.models import flops_per_token, param_count
+    from c2jax.models import param_count
+    from c2jax.train.step import train_flops_per_token
     cfg = c2jax_config(p, None, False)
     counts = param_count(cfg)
     tokens = p["batch"] * p["seq"]
-    f = flops_per_token(cfg, p["seq"]) * tokens
+    f = train_flops_per_token(cfg, p["seq"]) * tokens
     chips = chips_of(p["topology"])
     return {"layers": cfg.model.num_layers, "params_total": counts["total"], "params_active": counts["active"],
             "tokens_per_step": tokens, "model_flops_per_step": f, "kernel_flops_per_chip": kernel_flops(cfg, p, chips)}

@@ -156,14 +156,15 @@ def main(argv=None) -> int:
     hostmem.retain_freed_memory()  # first: host malloc keeps freed memory before XLA's threads start
     import jax
 
-    from c2jax.models import flops_per_token, param_count
+    from c2jax.models import param_count
     from c2jax.parallel import activate
+    from c2jax.train.step import train_flops_per_token
     from c2jax.train.metrics import measured_matmul_peak
 
     peaks = [measured_matmul_peak()]
     cfg, mesh, compiled, state, batch, compile_s = build_step(args.batch, args.seq, args.set)
     counts = param_count(cfg)
-    fpt = flops_per_token(cfg, args.seq, training=True)
+    fpt = train_flops_per_token(cfg, args.seq)
     B, L = args.batch, args.seq
     losses = []
     for _ in range(args.warmup):

@@ -335,6 +335,7 @@ def c2jax_compile(p: dict, layers: int | None, unrolled: bool, devices) -> dict:
     from c2jax.config import validate
     from c2jax.models import flops_per_token
     from c2jax.ops.registry import record_choices
+    from c2jax.train.step import train_flops_per_token
     from c2jax.tools import compile_check as cc
     from c2jax.parallel.mesh import make_mesh
     cfg = c2jax_cfg(p, layers, unrolled)
@@ -358,7 +359,7 @@ def c2jax_compile(p: dict, layers: int | None, unrolled: bool, devices) -> dict:
     res["state"]["reference_gib"] = _per_chip(ref) / GiB if ref is not None else 0.0
     res["state"]["batch_gib"] = _per_chip(batch) / GiB
     tokens = p["batch"] * p["seq"]
-    res["model_flops"] = {"train_per_step": flops_per_token(cfg, p["seq"]) * tokens,
+    res["model_flops"] = {"train_per_step": train_flops_per_token(cfg, p["seq"]) * tokens,
                           "forward_per_step": flops_per_token(cfg, p["seq"], training=False) * tokens}
     del lowered, abstract, batch, ref
     gc.collect()

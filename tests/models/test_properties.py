@@ -16,6 +16,7 @@ from small_models import small_model_cfg
 from c2jax.config import load_config
 from c2jax.models import moe as moe_lib
 from c2jax.ops import experts_xla
+from c2jax.train.step import train_flops_per_token
 
 ATTENTIONS = ["gqa", "mla"]
 B, L = 2, 10  # every jitted model call uses this shape, so each function compiles once
@@ -507,6 +508,11 @@ def test_param_count_matches_hand_count_and_flops():
     trunk = counts["active"] - counts["mtp_active"]            # untied: the head's D x V is in there
     f_inf = c2jax.models.flops_per_token(cfg, L, training=False)
     assert f_inf == pytest.approx(2 * (trunk - V * D) + 2 * attn_flops)    # the MTP block does not run
-    f_train = c2jax.models.flops_per_token(cfg, L)  # + the MTP block, its attention, its head product
+    f_train = c2jax.models.flops_per_token(cfg, L, mtp=True)  # + the MTP block, its attention, its head product
     assert f_train == pytest.approx(3 * (2 * (trunk - V * D + counts["mtp_active"] + D * V) + 3 * attn_flops))
-    assert c2jax.models.flops_per_token(cfg, L, mtp=False) == pytest.approx(3 * f_inf)
+    assert c2jax.models.flops_per_token(cfg, L) == pytest.approx(3 * f_inf)
+    # a training step counts the head only where it distils it (train.mtp_loss_weight > 0)
+    cfg.train.mtp_loss_weight = 0.3
+    assert train_flops_per_token(cfg, L) == pytest.approx(f_train)
+    cfg.train.mtp_loss_weight = 0.0
+    assert train_flops_per_token(cfg, L) == pytest.approx(3 * f_inf)

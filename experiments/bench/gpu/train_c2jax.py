@@ -96,7 +96,8 @@ def run_variant(args, ts, name: str, peaks: dict) -> dict:
 
     import c2jax.sections  # noqa: F401  (the data / eval / rl config sections)
     from c2jax.config import apply_overrides, load_config_file, validate
-    from c2jax.models import flops_per_token, init_params, param_count
+    from c2jax.models import init_params, param_count
+    from c2jax.train.step import train_flops_per_token
     from c2jax.ops import record_choices
     from c2jax.train.optimizer import make_optimizer
     from c2jax.train.step import init_state, make_train_step
@@ -109,7 +110,7 @@ def run_variant(args, ts, name: str, peaks: dict) -> dict:
     apply_overrides(cfg, list(args.set))
     validate(cfg)
     counts = param_count(cfg)
-    fpt = flops_per_token(cfg, L, training=True)
+    fpt = train_flops_per_token(cfg, L)
     optimizer = make_optimizer(cfg.train)
     params = init_params(cfg, jax.random.key(0))
     state = init_state(cfg, optimizer, params, seed=0)
