@@ -154,8 +154,8 @@ def bench_trained(args, rows):
                # a model that loops on a few tokens makes drafting easy: how varied the text is
                "distinct_fraction_greedy": distinct_fraction(want), "distinct_fraction_t1": distinct_fraction(drawn)}
         rows.append(row)
-        sd = lambda xs: float(np.std(xs, ddof=1) / np.sqrt(len(xs))) if len(xs) > 1 else float("nan")  # noqa: E731
-        row["acceptance_greedy_se"], row["acceptance_t1_se"] = sd(spec["acceptance_runs"]), sd(sampled["acceptance_runs"])
+        row["acceptance_greedy_se"] = standard_error(spec["acceptance_runs"])
+        row["acceptance_t1_se"] = standard_error(sampled["acceptance_runs"])
         print(f"trained {cfg.model.name} d={d} batch {batch}: acceptance greedy {spec['acceptance']:.3f} "
               f"(+- {row['acceptance_greedy_se']:.3f} over {len(spec['acceptance_runs'])} runs), "
               f"T=1 {sampled['acceptance']:.3f} (+- {row['acceptance_t1_se']:.3f}); plain {plain['tok_s']:.1f} tok/s (scanned {scanned['tok_s']:.1f}), "
@@ -163,6 +163,12 @@ def bench_trained(args, rows):
               f"x{predicted:.2f}: a spec step costs x{step_cost:.2f} a scanned step), x{row['speedup_vs_plain']:.2f} "
               f"vs plain; distinct tokens per row greedy {row['distinct_fraction_greedy']:.2f}, T=1 "
               f"{row['distinct_fraction_t1']:.2f}", flush=True)
+
+
+def standard_error(xs) -> float:
+    """Standard error of the mean of xs (None entries, runs that drafted nothing, left out)."""
+    xs = [x for x in xs if x is not None]
+    return float(np.std(xs, ddof=1) / np.sqrt(len(xs))) if len(xs) > 1 else float("nan")
 
 
 def distinct_fraction(runs) -> float:
@@ -205,7 +211,7 @@ def bench_tasks(args, rows):
     marks.append((s.spec_drafted, s.spec_accepted))
     per = [(a1 - a0) / (d1 - d0) for (d0, a0), (d1, a1) in zip(marks, marks[1:]) if d1 > d0]
     acc = (marks[-1][1] - marks[0][1]) / max(marks[-1][0] - marks[0][0], 1)
-    se = float(np.std(per, ddof=1) / np.sqrt(len(per))) if len(per) > 1 else float("nan")
+    se = standard_error(per)
     row = {"bench": "mtp_trained_tasks", "run": os.path.relpath(os.path.abspath(args.run)), "model": cfg.model.name,
            "suite": args.suite, "episodes": len(marks) - 1, "temperature": 1.0, "acceptance_t1": acc,
            "acceptance_t1_episodes": per, "acceptance_t1_se": se, "drafted": marks[-1][0] - marks[0][0],
