@@ -80,10 +80,14 @@ def model_defaults() -> ml_collections.ConfigDict:
     m.quant = "none"                   # expert matmul quantization: none, int8, mxfp8, nvfp4
     m.kernels = kernels_defaults()     # implementation per op (c2jax.ops): "auto" or a registered name
     m.head_chunks = 1                  # training's output head + loss over the sequence in this many chunks, each rematerialized
-    m.remat = "none"                   # "none" or "full" (rematerialize each layer in backward)
+    m.remat = "none"                   # what a layer keeps for backward: REMAT_POLICIES (c2jax.ops.remat)
     m.scan_unroll = 1                  # layers per iteration of the layer scan (>= the layer count: no loop)
     return m
 
+
+# model.remat: what each decoder layer keeps for the backward pass (c2jax.ops.remat says what each saves)
+REMAT_POLICIES = ("none", "full", "save_qkv_proj", "save_attention", "save_matmuls", "save_matmuls_attention",
+                  "save_dots")
 
 # The ops the model calls through c2jax.ops, each chosen by model.kernels.<op>.
 KERNEL_OPS = ("attention", "decode_attention", "mla_cache_attention", "experts", "matmul", "norm", "token_nll")
@@ -370,7 +374,7 @@ def validate_model(m: ml_collections.ConfigDict) -> None:
     _choice("model", "param_dtype", m.param_dtype, ("float32", "bfloat16"))
     _choice("model", "quant", m.quant, ("none", "int8", "mxfp8", "nvfp4"))
     _check_kernels(m)
-    _choice("model", "remat", m.remat, ("none", "full"))
+    _choice("model", "remat", m.remat, REMAT_POLICIES)
     if m.scan_unroll < 1:
         raise ConfigError(f"model.scan_unroll must be >= 1, got {m.scan_unroll}")
     if m.get("head_chunks", 1) < 1:

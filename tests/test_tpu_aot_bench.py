@@ -166,3 +166,47 @@ def test_fsdp_layout_splits_the_expert_weights_on_their_expert_dim():
     moe = logical_axes(cfg)["moe_layers"]["block"]["moe"]
     for name in ("w_gate", "w_up", "w_down"):
         assert tuple(logical_to_mesh_spec(moe[name], cfg, mesh)) == (None, "fsdp", None, None), name
+
+
+def test_remat_policies_reach_each_side_and_name_the_report():
+    """--c2jax-remat / --maxtext-remat: each side's program states its policy (c2jax's
+    model.remat, MaxText's remat_policy), a policy neither side documents is refused, and the
+    report's stem names every policy other than full."""
+    mod = _module()
+    p = mod.with_remat(mod.point_spec("tiny"), "save_matmuls_attention", "minimal_with_context")
+    assert mod.c2jax_config(p, 2, True).model.remat == "save_matmuls_attention"
+    ov = dict(o.split("=", 1) for o in mod.maxtext_overrides(p, 2, True))
+    assert ov["remat_policy"] == "minimal_with_context"
+    assert mod.remat_suffix(p, ["c2jax", "maxtext"]) == "-c2jax_remat_save_matmuls_attention-maxtext_remat_minimal_with_context"
+    assert mod.remat_suffix(mod.with_remat(p, maxtext="full"), ["maxtext"]) == ""
+    with pytest.raises(SystemExit, match="--c2jax-remat"):
+        mod.with_remat(p, c2jax="minimal")
+    with pytest.raises(SystemExit, match="--maxtext-remat"):
+        mod.with_remat(p, maxtext="save_matmuls")
+
+
+def test_best_vs_best_takes_the_fastest_candidate_that_fits(tmp_path):
+    """Per side: a faster candidate past 90% of HBM loses to a slower one that fits; a policy in two
+    reports counts once (the later report's); the ratio is MaxText's best over c2jax's."""
+    mod = _module()
+
+    def write(name, date, side, remat, step, hbm):
+        r = {"point": "pt", "date": date, "hbm_per_chip_gib": 88.5,
+             "sides": {side: {"status": "ok", "remat": remat, "peak_hbm_gib": hbm,
+                              "one_model": {"whole": {"optimal_seconds": step}, "mfu": 0.3}}}}
+        (tmp_path / name).write_text(json.dumps(r))
+        return str(tmp_path / name)
+    paths = [write("a.json", "2026-01-01 00:00 UTC", "c2jax", "full", 1.0, 20.0),
+             write("b.json", "2026-01-01 00:00 UTC", "c2jax", "none", 0.7, 85.0),          # over 79.65 GiB
+             write("c.json", "2026-01-01 00:00 UTC", "c2jax", "save_matmuls", 0.8, 60.0),
+             write("d.json", "2026-01-02 00:00 UTC", "c2jax", "save_matmuls", 0.85, 61.0),  # the later one
+             write("e.json", "2026-01-01 00:00 UTC", "maxtext", "minimal", 0.9, 70.0),
+             write("f.json", "2026-01-01 00:00 UTC", "maxtext", "full", 1.1, 20.0)]
+    b = mod.best_vs_best(paths)
+    pt = b["points"]["pt"]
+    assert [c["remat"] for c in pt["sides"]["c2jax"]] == ["none", "save_matmuls", "full"]
+    assert pt["best"]["c2jax"]["remat"] == "save_matmuls" and pt["best"]["c2jax"]["step_s"] == 0.85
+    assert pt["best"]["maxtext"]["remat"] == "minimal"
+    assert pt["maxtext_over_c2jax_step"] == pytest.approx(0.9 / 0.85)
+    md = mod.best_markdown(b)
+    assert "| pt | save_matmuls | 0.850 (30.0%) | 61.00 | minimal | 0.900 (30.0%) | 70.00 | 1.059 |" in md

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from c2jax.models.layers import (Linear, LinearWeights, RMSNorm, apply_rope, dtype_of, fused_linears, kernels_of,
                                  rope_frequencies, rope_tables, rotate, softmax_scale)
 from c2jax.ops import attention as attention_ops
+from c2jax.ops import remat
 
 
 class GQAAttention(nn.Module):
@@ -37,6 +38,7 @@ class GQAAttention(nn.Module):
         q, k, v = fused_linears(x_BLD, [LinearWeights(H * P, ("embed", "heads"), name="q_proj", **kw)(D),
                                         LinearWeights(G * P, ("embed", "kv_heads"), name="k_proj", **kw)(D),
                                         LinearWeights(G * P, ("embed", "kv_heads"), name="v_proj", **kw)(D)], dt, kn)
+        q, k, v = (remat.tag(t, remat.QKV_PROJ) for t in (q, k, v))
         q, k, v = q.reshape(B, L, H, P), k.reshape(B, L, G, P), v.reshape(B, L, G, P)
         tables = rope_tables(positions_BL, *rope_frequencies(P, m))
         if m.qk_norm:   # norm then RoPE, one op
@@ -48,8 +50,9 @@ class GQAAttention(nn.Module):
         out, new_cache = attention_ops.gqa_attention(kn, q, k, v, positions_BL, segment_ids_BL, P ** -0.5, dt,
                                                      cache, self.span)
         out = nn.with_logical_constraint(out, ("batch", "length", "heads", "head_dim"))
-        return Linear(m.hidden_size, ("heads", "embed"), name="o_proj", dtype=dt, param_dtype=pdt,
-                      init_std=m.init_std, kernels=kn)(out.reshape(B, L, H * P)), new_cache
+        y = Linear(m.hidden_size, ("heads", "embed"), name="o_proj", dtype=dt, param_dtype=pdt,
+                   init_std=m.init_std, kernels=kn)(out.reshape(B, L, H * P))
+        return remat.tag(y, remat.OUT_PROJ), new_cache
 
 
 class MLAAttention(nn.Module):
@@ -75,9 +78,9 @@ class MLAAttention(nn.Module):
             q = Linear(H * (N + R), ("q_latent", "heads"), name="q_b_proj", **kw)(q_lat)
         else:
             q = Linear(H * (N + R), ("embed", "heads"), name="q_proj", **kw)(x_BLD)
-        q = q.reshape(B, L, H, N + R)
+        q = remat.tag(q, remat.QKV_PROJ).reshape(B, L, H, N + R)
         q_nope, q_rope = q[..., :N], q[..., N:]
-        ckv = Linear(C + R, ("embed", "kv_latent"), name="kv_a_proj", **kw)(x_BLD)
+        ckv = remat.tag(Linear(C + R, ("embed", "kv_latent"), name="kv_a_proj", **kw)(x_BLD), remat.QKV_PROJ)
         latent_BLC = RMSNorm(1e-6, "kv_latent", pdt, kn, name="kv_a_norm")(ckv[..., :C])
         latent_BLC = nn.with_logical_constraint(latent_BLC, ("batch", "length", "kv_latent"))
         k_rope = ckv[..., C:].reshape(B, L, 1, R)
@@ -90,8 +93,8 @@ class MLAAttention(nn.Module):
         out, new_cache = attention_ops.mla_attention(kn, q_nope, q_rope, latent_BLC, k_rope_BLR, kv_b_CHX, positions_BL,
                                                      segment_ids_BL, softmax_scale(N + R, m), dt, cache, self.span)
         out = nn.with_logical_constraint(out, ("batch", "length", "heads", "head_dim"))
-        return Linear(m.hidden_size, ("heads", "embed"), name="o_proj", **kw)(
-            out.reshape(B, L, H * O)), new_cache
+        y = Linear(m.hidden_size, ("heads", "embed"), name="o_proj", **kw)(out.reshape(B, L, H * O))
+        return remat.tag(y, remat.OUT_PROJ), new_cache
 
 
 def init_layer_cache(m, batch: int, max_len: int, dtype) -> dict:

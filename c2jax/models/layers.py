@@ -10,6 +10,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from c2jax.ops import layers as ops_layers
+from c2jax.ops import remat
 from c2jax.ops import weights
 from c2jax.ops.layers import rotate
 
@@ -98,10 +99,10 @@ class MLP(nn.Module):
     @nn.compact
     def __call__(self, x_BLD):
         kw = dict(dtype=self.dtype, param_dtype=self.param_dtype, init_std=self.init_std, kernels=self.kernels)
-        gate_BLF = Linear(self.width, ("embed", "mlp"), name="gate", **kw)(x_BLD)
-        up_BLF = Linear(self.width, ("embed", "mlp"), name="up", **kw)(x_BLD)
+        gate_BLF = remat.tag(Linear(self.width, ("embed", "mlp"), name="gate", **kw)(x_BLD), remat.MLP_IN)
+        up_BLF = remat.tag(Linear(self.width, ("embed", "mlp"), name="up", **kw)(x_BLD), remat.MLP_IN)
         h_BLF = nn.with_logical_constraint(nn.silu(gate_BLF) * up_BLF, ("batch", "length", "mlp"))
-        return Linear(x_BLD.shape[-1], ("mlp", "embed"), name="down", **kw)(h_BLF)
+        return remat.tag(Linear(x_BLD.shape[-1], ("mlp", "embed"), name="down", **kw)(h_BLF), remat.MLP_OUT)
 
 
 def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:

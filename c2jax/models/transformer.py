@@ -15,6 +15,7 @@ import ml_collections
 import numpy as np
 
 from c2jax.models.attention import GQAAttention, MLAAttention, init_layer_cache
+from c2jax.ops import remat
 from c2jax.ops import stacked as stacked_view
 from c2jax.ops import sequence
 from c2jax.models.layers import MLP, Linear, RMSNorm, dtype_of, kernels_of
@@ -81,8 +82,8 @@ class ScanBody(nn.Module):
     def __call__(self, x_BLD, per_layer, positions_BL, segment_ids_BL, expert_stacks=None):
         forced, cache, layer = per_layer
         block = Block
-        if self.cfg.remat == "full":
-            block = nn.remat(Block, prevent_cse=False)
+        if self.cfg.remat != "none":
+            block = nn.remat(Block, prevent_cse=False, policy=remat.policy(self.cfg.remat))
         stacked = stacked_view.layer_view(expert_stacks, layer)
         x_BLD, aux, new_cache = block(self.cfg, self.moe, name="block")(
             x_BLD, positions_BL, segment_ids_BL, forced, cache, stacked)

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from c2jax.backends.cpu.kernels import ffn_column_split  # the CPU decode layouts' column split
+from c2jax.ops import remat
 
 # ----------------------------------------------------------------------------- dispatch
 
@@ -30,12 +31,12 @@ def expert_ffn(x_MD, w_gate_EDF, w_up_EDF, w_down_EFD, group_sizes_E, gmm):
     w_up_EDF None: w_gate_EDF holds gate and up joined (join_gate_up), run as one [D, 2F] product,
     which reads the rows once and makes the backward's dX one product instead of two and a sum."""
     if w_up_EDF is not None:
-        gate = gmm(x_MD, w_gate_EDF, group_sizes_E)
-        up = gmm(x_MD, w_up_EDF, group_sizes_E)
-        return gmm(nn.silu(gate) * up, w_down_EFD, group_sizes_E)
+        gate = remat.tag(gmm(x_MD, w_gate_EDF, group_sizes_E), remat.MLP_IN)
+        up = remat.tag(gmm(x_MD, w_up_EDF, group_sizes_E), remat.MLP_IN)
+        return remat.tag(gmm(nn.silu(gate) * up, w_down_EFD, group_sizes_E), remat.MLP_OUT)
     F = getattr(w_gate_EDF, "values_GKN", w_gate_EDF).shape[-1] // 2
-    h_M2F = gmm(x_MD, w_gate_EDF, group_sizes_E)
-    return gmm(nn.silu(h_M2F[:, :F]) * h_M2F[:, F:], w_down_EFD, group_sizes_E)
+    h_M2F = remat.tag(gmm(x_MD, w_gate_EDF, group_sizes_E), remat.MLP_IN)
+    return remat.tag(gmm(nn.silu(h_M2F[:, :F]) * h_M2F[:, F:], w_down_EFD, group_sizes_E), remat.MLP_OUT)
 
 
 def grouped_matmul(quant: str, impl: str):

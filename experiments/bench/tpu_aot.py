@@ -82,6 +82,13 @@ MODELS = {
                                "num_experts_per_tok": 2, "vocab_size": 512}},
 }
 
+# remat policies each side documents (c2jax: c2jax.config.REMAT_POLICIES; MaxText 0.2.5's base.yml
+# remat_policy, "fastest to slowest", without the host-offloading ones and `custom`); "full" on both
+# sides unless --c2jax-remat / --maxtext-remat say otherwise
+MAXTEXT_REMAT = ("minimal_with_context", "minimal", "save_dot_with_context_except_mlp", "save_dot_except_mlpwi",
+                 "save_dot_except_mlp", "save_qkv_proj", "save_out_proj", "full")
+HBM_FIT = 0.9   # a best-vs-best candidate fits when its peak HBM per chip is at most this share of the chip's
+
 C2JAX_EP_CAPACITY = 2.0   # c2jax's mesh.ep_capacity_factor at every EP point unless the point sets one
 
 # layout: (c2jax mesh.shape over (data, fsdp, context, expert), c2jax rules, MaxText ici_* settings)
@@ -187,7 +194,25 @@ def point_spec(name: str) -> dict:
     p.setdefault("layers", (2, 4))
     p.setdefault("cp", 1)
     p.update(layout(p["fsdp"], p["ep"], p["cp"]))
+    p["remat"] = {"c2jax": "full", "maxtext": "full"}
     return p
+
+
+def with_remat(p: dict, c2jax: str | None = None, maxtext: str | None = None) -> dict:
+    """Point p with each side's remat policy (None: keep); a policy neither side documents is an error."""
+    from c2jax.config import REMAT_POLICIES
+    if c2jax is not None and c2jax not in REMAT_POLICIES:
+        raise SystemExit(f"--c2jax-remat {c2jax!r}: one of {REMAT_POLICIES}")
+    if maxtext is not None and maxtext not in MAXTEXT_REMAT:
+        raise SystemExit(f"--maxtext-remat {maxtext!r}: one of {MAXTEXT_REMAT}")
+    p = dict(p)
+    p["remat"] = {"c2jax": c2jax or p["remat"]["c2jax"], "maxtext": maxtext or p["remat"]["maxtext"]}
+    return p
+
+
+def remat_suffix(p: dict, sides) -> str:
+    """The report stem's suffix naming each compiled side's remat policy other than full."""
+    return "".join(f"-{s}_remat_{p['remat'][s]}" for s in sides if p["remat"][s] != "full")
 
 
 # ----------------------------------------------------------------------------- c2jax side
@@ -207,7 +232,7 @@ def c2jax_config(p: dict, layers: int | None, unrolled: bool):
     for k, v in p.get("c2jax_extra", {}).items():
         cfg.model[k] = v
     m = cfg.model
-    m.dtype, m.param_dtype, m.remat, m.moe_dispatch = "bfloat16", "float32", "full", "dropless"
+    m.dtype, m.param_dtype, m.remat, m.moe_dispatch = "bfloat16", "float32", p["remat"]["c2jax"], "dropless"
     if layers is not None:
         m.num_layers = layers
     m.scan_unroll = m.num_layers if unrolled else 1
@@ -290,7 +315,7 @@ def maxtext_overrides(p: dict, layers: int | None, unrolled: bool) -> list[str]:
           "compile_topology": p["topology"], "internal_compile": "true", "internal_compile_num_devices": chips,
           "compile_topology_num_slices": 1, "dcn_data_parallelism": 1,
           "per_device_batch_size": pdbs, "max_target_length": p["seq"],
-          "remat_policy": "full", "weight_dtype": "float32", "dtype": "bfloat16",
+          "remat_policy": p["remat"]["maxtext"], "weight_dtype": "float32", "dtype": "bfloat16",
           "scan_layers": "false" if unrolled else "true", "allow_split_physical_axes": "true",
           "attention": "flash", "sparse_matmul": "true", "megablox": "true", "capacity_factor": -1.0,
           "opt_type": "adamw", "gradient_clipping_threshold": 1.0, "gradient_accumulation_steps": 1,
@@ -729,13 +754,14 @@ def run_point(p: dict, sides: list[str], full: bool, out_dir: str, timeout: floa
     if full:
         compiles.append(("full", figs["layers"], False))
     date = datetime.datetime.now(datetime.timezone.utc)
-    stem = f"{date:%Y-%m-%d}_{p['name']}"
+    stem = f"{date:%Y-%m-%d}_{p['name']}{remat_suffix(p, sides)}"
     report = {"date": date.strftime("%Y-%m-%d %H:%M UTC"), "point": p["name"],
               "command": " ".join([".venv/bin/python", os.path.relpath(os.path.abspath(sys.argv[0]), ROOT), *sys.argv[1:]]),
               "model": p["model"], "topology": p["topology"], "chip": chip, "chips": chips,
               "hbm_per_chip_gib": hbm / GiB, "peak_bf16_tflops": peak / 1e12,
               "global_batch": p["batch"], "seq_len": p["seq"], "layout": point_layout(p),
-              "precision": "f32 params + f32 AdamW moments, bf16 compute", "remat": "full",
+              "precision": "f32 params + f32 AdamW moments, bf16 compute",
+              "remat": {side: p["remat"][side] for side in sides},
               "extrapolation": {"lo": n_lo, "hi": n_hi, "full": figs["layers"],
                                 "rule": "per_layer = (f_hi - f_lo) / (hi - lo); whole = f_lo + (L - lo) * per_layer"},
               **figs, "model_flops_per_chip": figs["model_flops_per_step"] / chips,
@@ -747,8 +773,9 @@ def run_point(p: dict, sides: list[str], full: bool, out_dir: str, timeout: floa
             s = c2jax_side(p, compiles)
         else:
             s = maxtext_side(p, compiles, out_dir, stem, timeout)
+        s["remat"] = p["remat"][side]
         report["sides"][side] = summarize(s, p, figs["layers"], peak, report["model_flops_per_chip"],
-                                          figs["kernel_flops_per_chip"])
+                                          figs["kernel_flops_per_chip"] if s["remat"] == "full" else None)
     report["wall_s"] = round(time.time() - t_all, 1)
     report["goals"] = goals(report)
     return report
@@ -798,15 +825,20 @@ def resummarize(path: str) -> dict:
     with open(path) as f:
         r = json.load(f)
     p = point_spec(r["point"])
+    sides_remat = {name: s.get("remat", "full") for name, s in r["sides"].items()}
+    p = with_remat(p, sides_remat.get("c2jax"), sides_remat.get("maxtext"))
     figs = model_figures(p)
     r.update(figs)
     r["model_flops_per_chip"] = figs["model_flops_per_step"] / r["chips"]
     r["differences"] = layout_notes(p) + COMMON_DIFFERENCES
     r["maxtext_matching"] = maxtext_matching(p)
     peak = r["peak_bf16_tflops"] * 1e12
+    r["remat"] = sides_remat
     for name, s in r["sides"].items():
         s.setdefault("side", name)
-        r["sides"][name] = summarize(s, p, figs["layers"], peak, r["model_flops_per_chip"], figs["kernel_flops_per_chip"])
+        s.setdefault("remat", "full")
+        r["sides"][name] = summarize(s, p, figs["layers"], peak, r["model_flops_per_chip"],
+                                     figs["kernel_flops_per_chip"] if s["remat"] == "full" else None)
     r["goals"] = goals(r)
     with open(path, "w") as f:
         json.dump(r, f, indent=1, default=str)
@@ -821,6 +853,16 @@ def _f(x, fmt="{:.3g}"):
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else fmt.format(x)
 
 
+def remat_words(r: dict) -> str:
+    """Each side's remat policy, as a report states it (older reports: one string, "full")."""
+    rm = r.get("remat", "full")
+    return rm if isinstance(rm, str) else ", ".join(f"{k} {v}" for k, v in rm.items())
+
+
+def side_label(name: str, s: dict) -> str:
+    return name if s.get("remat", "full") == "full" else f"{name} (remat {s['remat']})"
+
+
 def markdown(r: dict) -> str:
     lines = [f"# {r['point']}: {r['model']} on {r['topology']} ({r['chips']} x {r['chip']}), "
              f"batch {r['global_batch']} x {r['seq_len']}, "
@@ -828,7 +870,8 @@ def markdown(r: dict) -> str:
              "", f"{r['date']}; `{r['command']}`", "",
              f"Model: {r['params_total'] / 1e9:.4g}B params, {r['params_active'] / 1e9:.4g}B active, "
              f"{r['layers']} layers; model FLOPs {r['model_flops_per_step']:.3e} per step "
-             f"({r['model_flops_per_chip']:.3e} per chip, 6N + attention). {r['precision']}; remat {r['remat']}. "
+             f"({r['model_flops_per_chip']:.3e} per chip, 6N + attention). {r['precision']}; remat "
+             f"{remat_words(r)}. "
              f"Whole-step cost from unrolled {r['extrapolation']['lo']}- and {r['extrapolation']['hi']}-layer "
              f"compiles: {r['extrapolation']['rule']}.", "",
              "| side | peak HBM / chip GiB (args, temp, out) | HBM from | compiled TFLOPs / chip | bytes accessed / chip "
@@ -840,6 +883,7 @@ def markdown(r: dict) -> str:
         if s.get("status", "").startswith("not run"):
             lines.append(f"| {name} | {s['status']} | | | | | | | | | | |")
             continue
+        label = side_label(name, s)
         h, w, pl = s.get("hbm", {}), s.get("whole", {}), s.get("per_layer", {})
         om = s.get("one_model", {}).get("whole", {})
         hi = s["compiles"].get(f"L{r['extrapolation']['hi']}", {})
@@ -848,7 +892,7 @@ def markdown(r: dict) -> str:
                            if c.get("compile_s") is not None else "-" for c in s["compiles"].values())
         src = s.get("hbm_source", "-").split(" compiled")[0].split(" from")[0]
         lines.append(
-            f"| {name} | {_f(s.get('peak_hbm_gib'), '{:.2f}')} ({_f(h.get('arguments_gib'), '{:.2f}')}, "
+            f"| {label} | {_f(s.get('peak_hbm_gib'), '{:.2f}')} ({_f(h.get('arguments_gib'), '{:.2f}')}, "
             f"{_f(h.get('temp_gib'), '{:.2f}')}, {_f(h.get('outputs_gib'), '{:.2f}')}) | {src} | "
             f"{_f(w.get('flops', float('nan')) / 1e12, '{:.1f}')} | "
             f"{_f(w.get('bytes_accessed', float('nan')) / 1e9, '{:.1f}')} | {_f(w.get('optimal_seconds'), '{:.3f}')} | "
@@ -888,7 +932,8 @@ def summary_table(paths) -> str:
             times = " / ".join(_f((c.get("lower_s") or 0) + (c.get("compile_s") or 0), "{:.0f}")
                                for c in s["compiles"].values())
             rows.append(
-                f"| {r['point']} | {name} | {_f(s.get('peak_hbm_gib'), '{:.2f}')} ({_f(h.get('arguments_gib'), '{:.2f}')} + "
+                f"| {r['point']} | {side_label(name, s)} | {_f(s.get('peak_hbm_gib'), '{:.2f}')} "
+                f"({_f(h.get('arguments_gib'), '{:.2f}')} + "
                 f"{_f(h.get('temp_gib'), '{:.2f}')}) | {_f(w.get('flops', float('nan')) / 1e12, '{:.0f}')} | "
                 f"{_f(w.get('bytes_accessed', float('nan')) / 1e9, '{:.0f}')} | {_f(w.get('optimal_seconds'), '{:.3f}')} "
                 f"({_f(s.get('mfu_at_optimal_seconds'), '{:.1%}')}) | "
@@ -896,6 +941,69 @@ def summary_table(paths) -> str:
                 f"({_f(s.get('one_model', {}).get('mfu'), '{:.1%}')}) | "
                 f"{', '.join(s.get('uncounted_kernels', {}).get('families', [])) or 'none'} | {times} |")
     return "\n".join(rows) + "\n"
+
+
+def best_vs_best(paths) -> dict:
+    """Per point, each side's fastest step under the one cost model among the written reports'
+    candidates (one per remat policy) whose peak HBM per chip fits HBM_FIT of the chip's; every
+    candidate is listed with its figures."""
+    points = {}
+    for path in paths:
+        with open(path) as f:
+            r = json.load(f)
+        pt = points.setdefault(r["point"], {"hbm_per_chip_gib": r["hbm_per_chip_gib"], "sides": {}})
+        cap = HBM_FIT * r["hbm_per_chip_gib"]
+        for name, s in r["sides"].items():
+            if s.get("status") != "ok":
+                continue
+            step = s.get("one_model", {}).get("whole", {}).get("optimal_seconds")
+            hbm = s.get("peak_hbm_gib")
+            pt["sides"].setdefault(name, []).append({
+                "remat": s.get("remat", "full"), "step_s": step, "peak_hbm_gib": hbm,
+                "mfu": s.get("one_model", {}).get("mfu"), "fits": hbm is not None and hbm <= cap,
+                "report": os.path.relpath(os.path.abspath(path), ROOT), "compiled": r["date"],
+                "note": s.get("note")})
+    for pt in points.values():
+        for cands in pt["sides"].values():
+            seen = {}
+            for c in cands:   # a remat compiled in several reports: the latest report's
+                if c["remat"] not in seen or c["compiled"] > seen[c["remat"]]["compiled"]:
+                    seen[c["remat"]] = c
+            cands[:] = sorted(seen.values(), key=lambda c: (c["step_s"] is None, c["step_s"] or 0))
+        best = {name: next((c for c in cands if c["fits"] and c["step_s"] is not None), None)
+                for name, cands in pt["sides"].items()}
+        pt["best"] = best
+        b, m = best.get("c2jax"), best.get("maxtext")
+        if b and m:
+            pt["maxtext_over_c2jax_step"] = m["step_s"] / b["step_s"]
+    return {"hbm_fit": HBM_FIT, "rule": f"fastest step under the one cost model whose peak HBM per chip <= "
+                                        f"{HBM_FIT:.0%} of the chip's; same batch, sequence, precision and mesh",
+            "command": " ".join([".venv/bin/python", os.path.relpath(os.path.abspath(sys.argv[0]), ROOT),
+                                 *sys.argv[1:]]), "points": points}
+
+
+def best_markdown(b: dict) -> str:
+    """The best-vs-best table, then every candidate."""
+    lines = [f"Rule: {b['rule']}. `{b['command']}`", "",
+             "| point | c2jax best (remat) | step s (MFU) | HBM GiB | MaxText best (remat) | step s (MFU) | HBM GiB | "
+             "MaxText / c2jax step |", "|---|---|---|---|---|---|---|---|"]
+    for name, pt in b["points"].items():
+        cb, mb = pt["best"].get("c2jax"), pt["best"].get("maxtext")
+
+        def cells(c):
+            if not c:
+                return "none fits | | "
+            return (f"{c['remat']} | {c['step_s']:.3f} ({_f(c['mfu'], '{:.1%}')}) | {c['peak_hbm_gib']:.2f}")
+        lines.append(f"| {name} | {cells(cb)} | {cells(mb)} | {_f(pt.get('maxtext_over_c2jax_step'), '{:.3f}')} |")
+    lines += ["", "| point | side | remat | step, one cost model s (MFU) | peak HBM / chip GiB | fits | report |",
+              "|---|---|---|---|---|---|---|"]
+    for name, pt in b["points"].items():
+        for side, cands in pt["sides"].items():
+            for c in cands:
+                lines.append(f"| {name} | {side} | {c['remat']} | {_f(c['step_s'], '{:.3f}')} "
+                             f"({_f(c['mfu'], '{:.1%}')}) | {_f(c['peak_hbm_gib'], '{:.2f}')} | "
+                             f"{'yes' if c['fits'] else 'no'} | {os.path.basename(c['report'])} |")
+    return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
@@ -916,6 +1024,11 @@ def main(argv=None) -> int:
     ap.add_argument("--resummarize", nargs="+", metavar="JSON",
                     help="recompute written reports' figures and tables from their compiles (no compiling)")
     ap.add_argument("--table", nargs="+", metavar="JSON", help="print one summary row per point and side")
+    ap.add_argument("--c2jax-remat", help="c2jax's model.remat for this run (default full; c2jax.config.REMAT_POLICIES)")
+    ap.add_argument("--maxtext-remat", help=f"MaxText's remat_policy for this run (default full; one of {MAXTEXT_REMAT})")
+    ap.add_argument("--best", nargs="+", metavar="JSON",
+                    help="best-vs-best: per point and side, the fastest candidate (report) that fits in HBM; writes "
+                         "OUT_DIR/best_vs_best.json and .md")
     ap.add_argument("--xla-roofline", metavar="TOPOLOGY",
                     help="measure how XLA's cost analysis times a Mosaic call on this topology's chip (writes "
                          "OUT_DIR/xla_roofline_CHIP.json)")
@@ -930,6 +1043,15 @@ def main(argv=None) -> int:
     if args.table:
         print(summary_table(args.table), end="")
         return 0
+    if args.best:
+        b = best_vs_best(args.best)
+        with open(os.path.join(args.out_dir, "best_vs_best.json"), "w") as f:
+            json.dump(b, f, indent=1)
+        md = best_markdown(b)
+        with open(os.path.join(args.out_dir, "best_vs_best.md"), "w") as f:
+            f.write(md)
+        print(md, end="")
+        return 0
     if args.resummarize:
         for path in args.resummarize:
             print(markdown(resummarize(path)), flush=True)
@@ -941,7 +1063,7 @@ def main(argv=None) -> int:
     name = "tiny" if args.tiny else args.point
     if not name:
         ap.error("give --point NAME or --tiny")
-    p = point_spec(name)
+    p = with_remat(point_spec(name), args.c2jax_remat, args.maxtext_remat)
     side = args.side or ("c2jax" if name == "tiny" else "both")
     sides = ["c2jax", "maxtext"] if side == "both" else [side]
     reused = None
@@ -954,7 +1076,7 @@ def main(argv=None) -> int:
         report["sides"]["maxtext"] = reused
         report["goals"] = goals(report)
     report["jax"], report["libtpu"] = _version("jax"), _version("libtpu")
-    stem = args.stem or f"{report['date'][:10]}_{name}"
+    stem = args.stem or f"{report['date'][:10]}_{name}{remat_suffix(p, sides)}"
     os.makedirs(args.out_dir, exist_ok=True)
     with open(os.path.join(args.out_dir, stem + ".json"), "w") as f:
         json.dump(report, f, indent=1, default=str)

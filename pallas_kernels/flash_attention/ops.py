@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 
 import jax
+from jax.ad_checkpoint import checkpoint_name
 
 from pallas_kernels._common import cotangent_like, interpret_params
 from pallas_kernels.flash_attention import reference, tpu, xla
@@ -18,10 +19,16 @@ def _flash(q, k, v, q_seg, kv_seg, q_pos, kv_pos, causal, scale, blocks, impl):
     return out
 
 
+# The forward's residuals the backward kernels read besides q / k / v, named so a jax.checkpoint
+# policy can keep them (save_only_these_names) instead of rerunning the forward kernel.
+RESIDUAL_NAMES = ("flash_out", "flash_lse")
+
+
 def _flash_fwd(q, k, v, q_seg, kv_seg, q_pos, kv_pos, causal, scale, blocks, impl):
     out, lse = tpu.flash_fwd_tpu(q, k, v, q_seg, kv_seg, q_pos, kv_pos, causal=causal, sm_scale=scale,
                                  block_q=blocks[0], block_k=blocks[1],
                                  interpret=interpret_params(impl, q, k, v, q_seg, kv_seg, q_pos, kv_pos))
+    out, lse = checkpoint_name(out, RESIDUAL_NAMES[0]), checkpoint_name(lse, RESIDUAL_NAMES[1])
     return out, (q, k, v, q_seg, kv_seg, q_pos, kv_pos, out, lse)
 
 
