@@ -190,10 +190,11 @@ def test_best_vs_best_takes_the_fastest_candidate_that_fits(tmp_path):
     reports counts once (the later report's); the ratio is MaxText's best over c2jax's."""
     mod = _module()
 
-    def write(name, date, side, remat, step, hbm):
+    def write(name, date, side, remat, step, hbm, oom=False):
+        compiles = {"L2": {"status": "ok"}, "L4": {"status": "ok"}, "full": {"status": "hbm_oom" if oom else "ok"}}
         r = {"point": "pt", "date": date, "hbm_per_chip_gib": 88.5,
-             "sides": {side: {"status": "ok", "remat": remat, "peak_hbm_gib": hbm,
-                              "one_model": {"whole": {"optimal_seconds": step}, "mfu": 0.3}}}}
+             "sides": {side: {"status": "incomplete" if oom else "ok", "remat": remat, "peak_hbm_gib": hbm,
+                              "compiles": compiles, "one_model": {"whole": {"optimal_seconds": step}, "mfu": 0.3}}}}
         (tmp_path / name).write_text(json.dumps(r))
         return str(tmp_path / name)
     paths = [write("a.json", "2026-01-01 00:00 UTC", "c2jax", "full", 1.0, 20.0),
@@ -201,12 +202,14 @@ def test_best_vs_best_takes_the_fastest_candidate_that_fits(tmp_path):
              write("c.json", "2026-01-01 00:00 UTC", "c2jax", "save_matmuls", 0.8, 60.0),
              write("d.json", "2026-01-02 00:00 UTC", "c2jax", "save_matmuls", 0.85, 61.0),  # the later one
              write("e.json", "2026-01-01 00:00 UTC", "maxtext", "minimal", 0.9, 70.0),
-             write("f.json", "2026-01-01 00:00 UTC", "maxtext", "full", 1.1, 20.0)]
+             write("f.json", "2026-01-01 00:00 UTC", "maxtext", "full", 1.1, 20.0),
+             write("g.json", "2026-01-01 00:00 UTC", "maxtext", "save_qkv_proj", 0.5, 60.0, oom=True)]
     b = mod.best_vs_best(paths)
     pt = b["points"]["pt"]
     assert [c["remat"] for c in pt["sides"]["c2jax"]] == ["none", "save_matmuls", "full"]
     assert pt["best"]["c2jax"]["remat"] == "save_matmuls" and pt["best"]["c2jax"]["step_s"] == 0.85
-    assert pt["best"]["maxtext"]["remat"] == "minimal"
+    assert pt["best"]["maxtext"]["remat"] == "minimal"   # not save_qkv_proj: its full depth did not compile
+    assert [c["remat"] for c in pt["sides"]["maxtext"]] == ["save_qkv_proj", "minimal", "full"]
     assert pt["maxtext_over_c2jax_step"] == pytest.approx(0.9 / 0.85)
     md = mod.best_markdown(b)
     assert "| pt | save_matmuls | 0.850 (30.0%) | 61.00 | minimal | 0.900 (30.0%) | 70.00 | 1.059 |" in md

@@ -954,13 +954,16 @@ def best_vs_best(paths) -> dict:
         pt = points.setdefault(r["point"], {"hbm_per_chip_gib": r["hbm_per_chip_gib"], "sides": {}})
         cap = HBM_FIT * r["hbm_per_chip_gib"]
         for name, s in r["sides"].items():
-            if s.get("status") != "ok":
-                continue
+            comps = s.get("compiles", {})
+            oom = comps.get("full", {}).get("status") == "hbm_oom"
+            if s.get("status") != "ok" and not (oom and all(c.get("status") == "ok" for k, c in comps.items()
+                                                            if k != "full")):
+                continue   # a candidate whose only failure is the full depth asking for more HBM than a chip has
             step = s.get("one_model", {}).get("whole", {}).get("optimal_seconds")
             hbm = s.get("peak_hbm_gib")
             pt["sides"].setdefault(name, []).append({
-                "remat": s.get("remat", "full"), "step_s": step, "peak_hbm_gib": hbm,
-                "mfu": s.get("one_model", {}).get("mfu"), "fits": hbm is not None and hbm <= cap,
+                "remat": s.get("remat", "full"), "step_s": step, "peak_hbm_gib": hbm, "hbm_oom": oom,
+                "mfu": s.get("one_model", {}).get("mfu"), "fits": not oom and hbm is not None and hbm <= cap,
                 "report": os.path.relpath(os.path.abspath(path), ROOT), "compiled": r["date"],
                 "note": s.get("note")})
     for pt in points.values():
@@ -1002,7 +1005,8 @@ def best_markdown(b: dict) -> str:
             for c in cands:
                 lines.append(f"| {name} | {side} | {c['remat']} | {_f(c['step_s'], '{:.3f}')} "
                              f"({_f(c['mfu'], '{:.1%}')}) | {_f(c['peak_hbm_gib'], '{:.2f}')} | "
-                             f"{'yes' if c['fits'] else 'no'} | {os.path.basename(c['report'])} |")
+                             f"{'yes' if c['fits'] else 'no (the compiler refused it for HBM)' if c.get('hbm_oom') else 'no'}"
+                             f" | {os.path.basename(c['report'])} |")
     return "\n".join(lines) + "\n"
 
 
