@@ -128,11 +128,19 @@ TPU_AOT_DIR = "experiments/results/tpu_aot"
 TPU_AOT_COLUMNS = ("c2jax HBM / chip", "MaxText HBM / chip", "c2jax step (s)", "MaxText step (s)")
 
 
-def _readme_table(heading: str) -> tuple[list, list]:
-    """(header, rows as dicts) of the first table in the README section under `heading`."""
+def _readme_table(heading: str, index: int = 0) -> tuple[list, list]:
+    """(header, rows as dicts) of the index-th table in the README section under `heading`."""
     with open(README) as f:
         section = f.read().split(heading, 1)[1].split("\n### ", 1)[0]
-    lines = [ln for ln in section.splitlines() if ln.startswith("|")]
+    tables, prev = [], False
+    for ln in section.splitlines():
+        is_row = ln.startswith("|")
+        if is_row and not prev:
+            tables.append([])
+        if is_row:
+            tables[-1].append(ln)
+        prev = is_row
+    lines = tables[index]
     header = [c.strip() for c in lines[0].strip("|").split("|")]
     return header, [dict(zip(header, (c.strip() for c in ln.strip().strip("|").split("|")))) for ln in lines[2:]]
 
@@ -151,6 +159,17 @@ def test_maxtext_side_by_side_figures_are_in_the_tpu_aot_reports():
     missing = [f"{r['point']}: {fig}" for r in rows for col in TPU_AOT_COLUMNS
                for fig in numbers(re.sub(r"`[^`]*`", "", r[col])) if not matches(fig, candidates)]
     assert not missing, f"figures not in {TPU_AOT_DIR}/*.json: {missing}"
+
+
+def test_maxtext_best_vs_best_figures_are_in_the_best_vs_best_report():
+    """The MaxText section's second table (each side at its best remat policy): every step, HBM
+    and ratio figure is in experiments/results/tpu_aot/best_vs_best.json, which `tpu_aot.py --best` wrote."""
+    header, rows = _readme_table("### Side by side with MaxText", 1)
+    assert len(rows) >= 2 and header[-1] == "MaxText / c2jax step"
+    candidates = _artifact_numbers(os.path.join(ROOT, TPU_AOT_DIR, "best_vs_best.json"))
+    missing = [f"{r['point']}: {fig}" for r in rows for col in header[1:]
+               for fig in numbers(re.sub(r"`[^`]*`", "", r[col])) if not matches(fig, candidates)]
+    assert not missing, f"figures not in {TPU_AOT_DIR}/best_vs_best.json: {missing}"
 
 
 TUNIX_DIR = "experiments/results/tunix"
