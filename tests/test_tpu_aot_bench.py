@@ -75,6 +75,11 @@ def test_compiles_have_positive_figures_and_kernels(report):
     # two more unrolled layers hold twice as many kernel calls per layer
     k2, k4 = (sum(c["compiles"][k]["mosaic_kernels"].values()) for k in ("L2", "L4"))
     assert k4 > k2
+    # full remat holds in the unrolled programs the step time comes from: the optimized program runs
+    # the flash forward twice per layer (forward, rematerialized forward), not merged by XLA's CSE
+    for key, layers in (("L2", 2), ("L4", 4)):
+        fwd = sum(m.get("count", 1) for m in c["compiles"][key]["mosaic_calls"] if m["kernel"] == "_fwd_kernel")
+        assert fwd == 2 * layers, (key, fwd)
 
 
 def test_extrapolation_arithmetic(report):

@@ -77,13 +77,17 @@ class ScanBody(nn.Module):
 
     cfg: Any
     moe: bool
+    # Straight-line layers (the stack fully unrolled) need CSE prevented, or XLA may merge the
+    # backward's rematerialized forward with the forward itself and keep its activations after all;
+    # inside a loop the forward and backward are separate loops and nothing can merge.
+    straight_line: bool = False
 
     @nn.compact
     def __call__(self, x_BLD, per_layer, positions_BL, segment_ids_BL, expert_stacks=None):
         forced, cache, layer = per_layer
         block = Block
         if self.cfg.remat != "none":
-            block = nn.remat(Block, prevent_cse=False, policy=remat.policy(self.cfg.remat))
+            block = nn.remat(Block, prevent_cse=self.straight_line, policy=remat.policy(self.cfg.remat))
         stacked = stacked_view.layer_view(expert_stacks, layer)
         x_BLD, aux, new_cache = block(self.cfg, self.moe, name="block")(
             x_BLD, positions_BL, segment_ids_BL, forced, cache, stacked)
@@ -95,7 +99,7 @@ def _stack(cfg, moe: bool, n: int, name: str):
         ScanBody, variable_axes={"params": 0, PREPARED: 0}, split_rngs={"params": True},
         in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast), length=n, unroll=min(cfg.scan_unroll, n),
         metadata_params={nn.PARTITION_NAME: "layers"},
-    )(cfg, moe, name=name)
+    )(cfg, moe, cfg.scan_unroll >= n, name=name)
 
 
 class MTPHead(nn.Module):
