@@ -965,6 +965,7 @@ def best_vs_best(paths) -> dict:
                 "remat": s.get("remat", "full"), "step_s": step, "peak_hbm_gib": hbm, "hbm_oom": oom,
                 "mfu": s.get("one_model", {}).get("mfu"), "fits": not oom and hbm is not None and hbm <= cap,
                 "report": os.path.relpath(os.path.abspath(path), ROOT), "compiled": r["date"],
+                "commit": (r.get("c2jax_commit") or "")[:7] if name == "c2jax" else None,
                 "note": s.get("note")})
     for pt in points.values():
         for cands in pt["sides"].values():
@@ -998,15 +999,15 @@ def best_markdown(b: dict) -> str:
                 return "none fits | | "
             return (f"{c['remat']} | {c['step_s']:.3f} ({_f(c['mfu'], '{:.1%}')}) | {c['peak_hbm_gib']:.2f}")
         lines.append(f"| {name} | {cells(cb)} | {cells(mb)} | {_f(pt.get('maxtext_over_c2jax_step'), '{:.3f}')} |")
-    lines += ["", "| point | side | remat | step, one cost model s (MFU) | peak HBM / chip GiB | fits | report |",
-              "|---|---|---|---|---|---|---|"]
+    lines += ["", "| point | side | remat | step, one cost model s (MFU) | peak HBM / chip GiB | fits | report "
+                  "(c2jax commit) |", "|---|---|---|---|---|---|---|"]
     for name, pt in b["points"].items():
         for side, cands in pt["sides"].items():
             for c in cands:
                 lines.append(f"| {name} | {side} | {c['remat']} | {_f(c['step_s'], '{:.3f}')} "
                              f"({_f(c['mfu'], '{:.1%}')}) | {_f(c['peak_hbm_gib'], '{:.2f}')} | "
                              f"{'yes' if c['fits'] else 'no (the compiler refused it for HBM)' if c.get('hbm_oom') else 'no'}"
-                             f" | {os.path.basename(c['report'])} |")
+                             f" | {os.path.basename(c['report'])}{' (' + c['commit'] + ')' if c.get('commit') else ''} |")
     return "\n".join(lines) + "\n"
 
 
