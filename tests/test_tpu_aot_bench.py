@@ -218,3 +218,16 @@ def test_best_vs_best_takes_the_fastest_candidate_that_fits(tmp_path):
     assert pt["maxtext_over_c2jax_step"] == pytest.approx(0.9 / 0.85)
     md = mod.best_markdown(b)
     assert "| pt | save_matmuls | 0.850 (30.0%) | 61.00 | minimal | 0.900 (30.0%) | 70.00 | 1.059 |" in md
+
+
+def test_reports_name_no_path_of_this_machine(monkeypatch):
+    """A report's command and a driver traceback name files as any checkout has them."""
+    import site
+    mod = _module()
+    monkeypatch.setattr(sys, "argv", [SCRIPT, "--best", os.path.join(ROOT, "experiments", "x.json"), "/elsewhere/y.json"])
+    assert mod.command_line() == ".venv/bin/python experiments/bench/tpu_aot.py --best experiments/x.json /elsewhere/y.json"
+    sys.path.insert(0, os.path.join(ROOT, "experiments", "reference"))
+    from maxtext_aot_driver import portable_paths
+    pkg = site.getsitepackages()[0]
+    text = f'File "{ROOT}/experiments/reference/maxtext_aot_driver.py", line 1\nFile "{pkg}/jax/x.py", line 2'
+    assert portable_paths(text) == 'File "experiments/reference/maxtext_aot_driver.py", line 1\nFile "jax/x.py", line 2'

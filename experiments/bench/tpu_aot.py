@@ -744,6 +744,13 @@ def layout_notes(p: dict) -> list[str]:
     return notes
 
 
+def command_line() -> str:
+    """This run's command as a report states it: paths inside the checkout relative to its root."""
+    def arg(a):
+        return os.path.relpath(a, ROOT) if os.path.isabs(a) and a.startswith(ROOT + os.sep) else a
+    return " ".join([".venv/bin/python", os.path.relpath(os.path.abspath(sys.argv[0]), ROOT), *map(arg, sys.argv[1:])])
+
+
 def run_point(p: dict, sides: list[str], full: bool, out_dir: str, timeout: float) -> dict:
     from c2jax.tools import compile_check as cc
     chip, hbm, peak = cc.chip_spec(p["topology"])
@@ -756,7 +763,7 @@ def run_point(p: dict, sides: list[str], full: bool, out_dir: str, timeout: floa
     date = datetime.datetime.now(datetime.timezone.utc)
     stem = f"{date:%Y-%m-%d}_{p['name']}{remat_suffix(p, sides)}"
     report = {"date": date.strftime("%Y-%m-%d %H:%M UTC"), "point": p["name"],
-              "command": " ".join([".venv/bin/python", os.path.relpath(os.path.abspath(sys.argv[0]), ROOT), *sys.argv[1:]]),
+              "command": command_line(),
               "model": p["model"], "topology": p["topology"], "chip": chip, "chips": chips,
               "hbm_per_chip_gib": hbm / GiB, "peak_bf16_tflops": peak / 1e12,
               "global_batch": p["batch"], "seq_len": p["seq"], "layout": point_layout(p),
@@ -982,8 +989,7 @@ def best_vs_best(paths) -> dict:
             pt["maxtext_over_c2jax_step"] = m["step_s"] / b["step_s"]
     return {"hbm_fit": HBM_FIT, "rule": f"fastest step under the one cost model whose peak HBM per chip <= "
                                         f"{HBM_FIT:.0%} of the chip's; same batch, sequence, precision and mesh",
-            "command": " ".join([".venv/bin/python", os.path.relpath(os.path.abspath(sys.argv[0]), ROOT),
-                                 *sys.argv[1:]]), "points": points}
+            "command": command_line(), "points": points}
 
 
 def best_markdown(b: dict) -> str:

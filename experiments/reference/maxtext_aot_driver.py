@@ -175,6 +175,16 @@ def version(pkg):
         return None
 
 
+def portable_paths(text: str) -> str:
+    """text with this checkout's and the interpreter's install prefixes cut, so a committed report
+    names files as any checkout has them (experiments/..., site-packages/...)."""
+    import site
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    for prefix in sorted({*site.getsitepackages(), here}, key=len, reverse=True):
+        text = text.replace(prefix.rstrip("/") + "/", "")
+    return text
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="JSON report path")
@@ -251,7 +261,7 @@ def main(argv=None) -> int:
             report["status"] = "error"
             rc = 1
         report["error"] = msg.splitlines()[0][:500] if msg else type(e).__name__
-        report["traceback"] = traceback.format_exc()[-3000:]
+        report["traceback"] = portable_paths(traceback.format_exc()[-3000:])
     report["wall_s"] = round(time.time() - t0, 1)
     report.update({k: v for k, v in seen.items() if k not in report})
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
