@@ -8,7 +8,9 @@ program's FLOPs, bytes and `optimal_seconds` carry each kernel's work only as it
 The figures here:
 
 - FLOPs: the kernel's matmul work (what the MXU executes for the rows / pairs it computes: the
-  flash backward recomputes the scores). Grouped matmuls at their static row count (the buffer);
+  flash backward recomputes the scores). Grouped matmuls: every row-tile visit multiplies whole
+  tiles, so a tile that straddles groups is computed once per group in it (tiles_m + G - 1 visits
+  of tm rows over the padded K and N; the rows outside the group are masked at the store);
   causal attention at the (query, key) pairs the mask keeps: L(L+1)/2 per row by index, by
   positions (context parallelism: local queries against all-gathered keys) half of Lq x Lk, exact
   for the load-balanced zigzag layout on average over devices.
@@ -108,23 +110,33 @@ def flash_traffic(kind: str, b: int, h: int, kh: int, lq: int, lk: int, d: int, 
     raise ValueError(f"kind must be 'fwd', 'dkv' or 'dq', got {kind!r}")
 
 
+def gmm_visits(m: int, g: int, tm: int) -> int:
+    """Row-tile visits of a grouped matmul's grid: every row tile once, plus one per group boundary
+    inside a tile (the static bound tiles_m + G - 1, which balanced routing reaches)."""
+    return -(-m // tm) + g - 1
+
+
 def gmm_traffic(m: int, k: int, n: int, g: int, tiling, lhs_dtype, rhs_dtype, out_dtype) -> dict:
-    """{flops, transcendentals, bytes} of a grouped matmul [M, K] x G x [K, N] -> [M, N] with
-    tiles (tm, tk, tn) (the kernel's, after clamping to the operand)."""
+    """{flops, useful_flops, transcendentals, bytes} of a grouped matmul [M, K] x G x [K, N] -> [M, N]
+    with tiles (tm, tk, tn) (the kernel's, after clamping to the operand)."""
     tm, tk, tn = tiling
-    tiles_m, tiles_k, tiles_n = -(-m // tm), -(-k // tk), -(-n // tn)
-    visits = tiles_m + g - 1
+    tiles_k, tiles_n = -(-k // tk), -(-n // tn)
+    visits = gmm_visits(m, g, tm)
     rhs_reads = g if tiles_k == 1 else visits
-    return {"flops": 2 * m * k * n, "transcendentals": 0,
+    return {"flops": 2 * visits * tm * tiles_k * tk * tiles_n * tn, "useful_flops": 2 * m * k * n,
+            "transcendentals": 0,
             "bytes": _size((m, k), lhs_dtype) * tiles_n + rhs_reads * _size((k, n), rhs_dtype)
             + _size((m, n), out_dtype)}
 
 
 def tgmm_traffic(m: int, k: int, n: int, g: int, tiling, lhs_dtype, dy_dtype, out_dtype) -> dict:
-    """{flops, transcendentals, bytes} of the per-group weight gradient [M, K]^T x [M, N] -> [G, K, N]."""
+    """{flops, useful_flops, transcendentals, bytes} of the per-group weight gradient
+    [M, K]^T x [M, N] -> [G, K, N] (each visit multiplies whole [tm, tk]^T x [tm, tn] tiles)."""
     tm, tk, tn = tiling
     tiles_k, tiles_n = -(-k // tk), -(-n // tn)
-    return {"flops": 2 * m * k * n, "transcendentals": 0,
+    visits = gmm_visits(m, g, tm)
+    return {"flops": 2 * visits * tm * tiles_k * tk * tiles_n * tn, "useful_flops": 2 * m * k * n,
+            "transcendentals": 0,
             "bytes": _size((m, k), lhs_dtype) * tiles_n + _size((m, n), dy_dtype) * tiles_k
             + _size((g, k, n), out_dtype)}
 

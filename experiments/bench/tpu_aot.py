@@ -170,7 +170,9 @@ COMMON_DIFFERENCES = [
     "self-reported cost, on both sides, by pallas_kernels/cost.py's model of it from the call's operand "
     "shapes and the blocks its kernel body uses (grouped matmuls: lhs once per n-tile, rhs once or per "
     "row-tile visit when K is tiled, out once; attention: q / o once, k / v re-read once per query block "
-    "over the causal blocks; FLOPs at the static rows / causal pairs), timed by XLA's own roofline "
+    "over the causal blocks; FLOPs: grouped matmuls' whole tiles per row-tile visit, tiles_m + G - 1 visits, "
+    "so a tile straddling experts is multiplied once per expert in it; attention's causal pairs), timed by "
+    "XLA's own roofline "
     "(max(FLOPs / 394 TFLOP/s, bytes / 2.35 TB/s) on v5p, measured by --xla-roofline). optimal_seconds "
     "is the compiler's figure with each side's self-reported kernel costs.",
     "Loss: c2jax's token NLL op and z-loss 0; MaxText's cross entropy (z-loss 0). Both clip the global "
@@ -349,6 +351,43 @@ def maxtext_matching(p: dict) -> dict:
     chunks = p.get("c2jax_extra", {}).get("head_chunks", 1)
     if chunks > 1:
         ov["num_vocab_tiling"] = chunks
+    if p.get("maxtext_tiles", "default") == "chosen":
+        ov.update(maxtext_gmm_tiles(p))
+    return ov
+
+
+def maxtext_gmm_rows(p: dict) -> tuple[int, int]:
+    """(rows, groups) of MaxText's megablox calls at point p: each chip's token copies (tokens x
+    top-k; under EP its receive buffer, ragged_buffer_factor x that, or the worst case
+    EP x tokens x min(top-k, local experts)) over its local experts."""
+    m = c2jax_config(p, None, False).model
+    tokens = p["batch"] * p["seq"] // chips_of(p["topology"])
+    groups = m.num_experts // p["ep"]
+    rows = tokens * m.num_experts_per_tok
+    if p["ep"] > 1:
+        cap = c2jax_capacity(p)
+        rows = int(cap * rows) if cap > 0 else p["ep"] * tokens * min(m.num_experts_per_tok, groups)
+    return rows, groups
+
+
+def maxtext_gmm_tiles(p: dict) -> dict:
+    """MaxText's megablox tile keys (wi / wo x fwd / dlhs / drhs) set to the tiles c2jax's rule
+    (pallas_kernels.gmm.tpu.choose_tiling) picks for MaxText's own call shapes: gate and up
+    [rows, D] x [D, F] and down [rows, F] x [F, D], their input gradients and weight gradients."""
+    import jax.numpy as jnp
+    from pallas_kernels.gmm.tpu import choose_tiling
+    m = c2jax_config(p, None, False).model
+    rows, g = maxtext_gmm_rows(p)
+    d, f = m.hidden_size, m.moe_intermediate_size
+    bf = jnp.dtype(jnp.bfloat16)
+    ov = {}
+    # (key prefix, kernel, k, n, name of k's dim, name of n's dim) as MaxText's moe.py hands megablox
+    for prefix, kind, k, n, kname, nname in (
+            ("wi_tile_fwd", "gmm", d, f, "embed_dim", "mlp_dim"), ("wi_tile_dlhs", "gmm", f, d, "mlp_dim", "embed_dim"),
+            ("wi_tile_drhs", "tgmm", d, f, "embed_dim", "mlp_dim"), ("wo_tile_fwd", "gmm", f, d, "mlp_dim", "embed_dim"),
+            ("wo_tile_dlhs", "gmm", d, f, "embed_dim", "mlp_dim"), ("wo_tile_drhs", "tgmm", f, d, "mlp_dim", "embed_dim")):
+        tm, tk, tn = choose_tiling(kind, rows, k, n, g, bf, bf, bf)
+        ov.update({f"{prefix}_batch_seq": tm, f"{prefix}_{kname}": tk, f"{prefix}_{nname}": tn})
     return ov
 
 
@@ -720,6 +759,13 @@ def layout_notes(p: dict) -> list[str]:
                      "experts over expert and their embed dim over fsdp (both sides), batch over fsdp x expert "
                      f"(both sides). EP receive buffers: c2jax's capacity {c2jax_capacity(p):g}, MaxText's "
                      f"ragged_buffer_factor {maxtext_matching(p)['ragged_buffer_factor']:g} (above).")
+    notes.append("Grouped-matmul tiles: c2jax "
+                 + ("picks (tm, tk, tn) per call shape (pallas_kernels.gmm.tpu.choose_tiling: least modelled time "
+                    "within 24 MiB of VMEM)" if p.get("c2jax_tiles") == "chosen" else
+                    "ran fixed tiles (256, 512, 1024), clamped to each operand (compiled before the per-shape rule)")
+                 + "; MaxText "
+                 + ("has the same rule's tiles for its own call shapes (its wi_tile_* / wo_tile_* keys)."
+                    if p.get("maxtext_tiles") == "chosen" else "runs base.yml's megablox tiles (512 x 1024 x 1024)."))
     mt = maxtext_matching(p)
     if mt:
         notes.append("MaxText settings matching c2jax's at this point: "
@@ -773,6 +819,7 @@ def run_point(p: dict, sides: list[str], full: bool, out_dir: str, timeout: floa
                                 "rule": "per_layer = (f_hi - f_lo) / (hi - lo); whole = f_lo + (L - lo) * per_layer"},
               **figs, "model_flops_per_chip": figs["model_flops_per_step"] / chips,
               "differences": layout_notes(p) + COMMON_DIFFERENCES, "maxtext_matching": maxtext_matching(p),
+              "maxtext_tiles": p.get("maxtext_tiles", "default"), "c2jax_tiles": p["c2jax_tiles"],
               **git_state(), "sides": {}}
     t_all = time.time()
     for side in sides:
@@ -834,6 +881,8 @@ def resummarize(path: str) -> dict:
     p = point_spec(r["point"])
     sides_remat = {name: s.get("remat", "full") for name, s in r["sides"].items()}
     p = with_remat(p, sides_remat.get("c2jax"), sides_remat.get("maxtext"))
+    p["maxtext_tiles"] = r.get("maxtext_tiles", "default")   # reports before the tile rule: base.yml's
+    p["c2jax_tiles"] = r.get("c2jax_tiles", "fixed")
     figs = model_figures(p)
     r.update(figs)
     r["model_flops_per_chip"] = figs["model_flops_per_step"] / r["chips"]
@@ -1037,6 +1086,9 @@ def main(argv=None) -> int:
     ap.add_argument("--table", nargs="+", metavar="JSON", help="print one summary row per point and side")
     ap.add_argument("--c2jax-remat", help="c2jax's model.remat for this run (default full; c2jax.config.REMAT_POLICIES)")
     ap.add_argument("--maxtext-remat", help=f"MaxText's remat_policy for this run (default full; one of {MAXTEXT_REMAT})")
+    ap.add_argument("--maxtext-tiles", choices=("chosen", "default"), default="chosen",
+                    help="MaxText's megablox tiles: those c2jax's tile rule picks for MaxText's call shapes "
+                         "(matching settings, default) or its base.yml defaults")
     ap.add_argument("--best", nargs="+", metavar="JSON",
                     help="best-vs-best: per point and side, the fastest candidate (report) that fits in HBM; writes "
                          "OUT_DIR/best_vs_best.json and .md")
@@ -1075,6 +1127,7 @@ def main(argv=None) -> int:
     if not name:
         ap.error("give --point NAME or --tiny")
     p = with_remat(point_spec(name), args.c2jax_remat, args.maxtext_remat)
+    p["maxtext_tiles"], p["c2jax_tiles"] = args.maxtext_tiles, "chosen"
     side = args.side or ("c2jax" if name == "tiny" else "both")
     sides = ["c2jax", "maxtext"] if side == "both" else [side]
     reused = None

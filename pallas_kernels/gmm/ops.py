@@ -35,7 +35,7 @@ def _gmm_raw(lhs_MK, rhs, group_sizes_G, impl, tiling, transpose_rhs=False, out_
         return jax.lax.ragged_dot(lhs_MK, r.astype(lhs_MK.dtype), group_sizes_G,
                                   preferred_element_type=jnp.float32).astype(out_dtype)
     return tpu.gmm_tpu(lhs_MK, rhs, group_sizes_G, transpose_rhs=transpose_rhs, preferred_element_type=out_dtype,
-                       tiling=tiling or tpu.DEFAULT_TILING,
+                       tiling=tiling,
                        interpret=interpret_params(impl, lhs_MK, rhs, group_sizes_G))
 
 
@@ -51,7 +51,7 @@ def _tgmm_raw(lhs_MK, dy_MN, group_sizes_G, impl, tiling, out_dtype=jnp.float32)
         return jax.lax.ragged_dot_general(lhs_MK, dy_MN.astype(lhs_MK.dtype), group_sizes_G, dn,
                                           preferred_element_type=jnp.float32).astype(out_dtype)
     return tpu.tgmm_tpu(lhs_MK, dy_MN, group_sizes_G, preferred_element_type=out_dtype,
-                        tiling=tiling or tpu.DEFAULT_TILING,
+                        tiling=tiling,
                         interpret=interpret_params(impl, lhs_MK, dy_MN, group_sizes_G))
 
 

@@ -19,11 +19,19 @@ from pallas_kernels._common import (
     round_up,
     varying_zeros,
 )
-from pallas_kernels.cost import gmm_cost, tgmm_cost
+from pallas_kernels.cost import gmm_cost, gmm_traffic, gmm_visits, tgmm_cost, tgmm_traffic
 from pallas_kernels.gmm.metadata import make_visits
 
-DEFAULT_TILING = (256, 512, 1024)  # (tm, tk, tn); untuned guesses until TPU time is available
+DEFAULT_TILING = (256, 512, 1024)  # (tm, tk, tn) of the quantized kernels; gmm / tgmm choose per shape
 VMEM_LIMIT_BYTES = 48 * 1024 * 1024
+# choose_tiling: blocks of one grid step within this much VMEM (double-buffered in/out plus the f32
+# accumulator; the rest of VMEM_LIMIT_BYTES is Mosaic's), timed by v5p's roofline as XLA states it
+# (experiments/results/tpu_aot/xla_roofline_v5p.json) plus a fixed cost per grid step
+TILE_VMEM_BUDGET = 24 * 1024 * 1024
+ROOFLINE_FLOPS_PER_S, ROOFLINE_BYTES_PER_S = 394e12, 2.35e12
+GRID_STEP_S = 0.35e-6
+_TM_CHOICES = (128, 256, 512, 1024)
+_KN_CHOICES = (128, 256, 512, 1024, 2048, 4096, 8192)
 
 
 def _tiles(m, k, n, tiling):
@@ -39,6 +47,48 @@ def gmm_vmem_bytes(tiling, lhs_dtype, rhs_dtype, out_dtype) -> int:
     tm, tk, tn = tiling
     isz = lambda d: jnp.dtype(d).itemsize
     return 2 * (tm * tk * isz(lhs_dtype) + tk * tn * isz(rhs_dtype) + tm * tn * isz(out_dtype)) + tm * tn * 4
+
+
+def tgmm_vmem_bytes(tiling, lhs_dtype, dy_dtype, out_dtype) -> int:
+    """VMEM footprint of one tgmm grid step: double-buffered lhs / dy / out blocks plus the f32 accumulator."""
+    tm, tk, tn = tiling
+    isz = lambda d: jnp.dtype(d).itemsize
+    return 2 * (tm * tk * isz(lhs_dtype) + tm * tn * isz(dy_dtype) + tk * tn * isz(out_dtype)) + tk * tn * 4
+
+
+def tiling_seconds(kind: str, m, k, n, g, tiling, lhs_dtype, rhs_dtype, out_dtype) -> float:
+    """Modelled time of one gmm / tgmm call at `tiling` (already clamped): the roofline of the
+    whole-tile MXU work and the HBM traffic of pallas_kernels/cost.py, plus the grid steps."""
+    traffic = gmm_traffic if kind == "gmm" else tgmm_traffic
+    t = traffic(m, k, n, g, tiling, lhs_dtype, rhs_dtype, out_dtype)
+    tm, tk, tn = tiling
+    steps = gmm_visits(m, g, tm) * -(-k // tk) * -(-n // tn)
+    return max(t["flops"] / ROOFLINE_FLOPS_PER_S, t["bytes"] / ROOFLINE_BYTES_PER_S) + steps * GRID_STEP_S
+
+
+@functools.lru_cache(maxsize=None)
+def choose_tiling(kind: str, m: int, k: int, n: int, g: int, lhs_dtype, rhs_dtype, out_dtype) -> tuple:
+    """The (tm, tk, tn) of a gmm ("gmm": [M, K] x G x [K, N]) or tgmm ("tgmm": [M, K]^T x [M, N]
+    -> [G, K, N]) call of these shapes with the least tiling_seconds whose blocks fit
+    TILE_VMEM_BUDGET; ties go to fewer grid steps. Small tm pays fewer straddled rows (G groups
+    in M rows), whole K / N avoid re-reading the other operand."""
+    vmem = gmm_vmem_bytes if kind == "gmm" else tgmm_vmem_bytes
+    seen, best = set(), None
+    for pref in ((tm, tk, tn) for tm in _TM_CHOICES for tk in _KN_CHOICES + (k,) for tn in _KN_CHOICES + (n,)):
+        tiles = _tiles(m, k, n, pref)
+        if tiles in seen:
+            continue
+        seen.add(tiles)
+        if vmem(tiles, lhs_dtype, rhs_dtype, out_dtype) > TILE_VMEM_BUDGET:
+            continue
+        tm, tk, tn = tiles
+        key = (tiling_seconds(kind, m, k, n, g, tiles, lhs_dtype, rhs_dtype, out_dtype),
+               gmm_visits(m, g, tm) * -(-k // tk) * -(-n // tn), -tm)
+        if best is None or key < best[0]:
+            best = (key, tiles)
+    if best is None:
+        raise ValueError(f"no {kind} tiling of (m, k, n, g) = {(m, k, n, g)} fits {TILE_VMEM_BUDGET} bytes of VMEM")
+    return best[1]
 
 
 def _store_group_rows(out_ref, acc_ref, row0, start, end, first):
@@ -81,11 +131,14 @@ def _gmm_kernel(gid_ref, mt_ref, first_ref, st_ref, en_ref, lhs_ref, rhs_ref, ou
 
 
 def gmm_tpu(lhs_MK, rhs_GKN, group_sizes_G, *, preferred_element_type=jnp.float32,
-            transpose_rhs=False, tiling=DEFAULT_TILING, interpret=False):
-    """Grouped matmul out[m] = lhs[m] @ rhs[group(m)] (rhs given as [G,N,K] when transpose_rhs)."""
+            transpose_rhs=False, tiling=None, interpret=False):
+    """Grouped matmul out[m] = lhs[m] @ rhs[group(m)] (rhs given as [G,N,K] when transpose_rhs);
+    tiling None: choose_tiling's for these shapes."""
     m, k = lhs_MK.shape
     g = rhs_GKN.shape[0]
     n = rhs_GKN.shape[1] if transpose_rhs else rhs_GKN.shape[2]
+    tiling = tiling or choose_tiling("gmm", m, k, n, g, jnp.dtype(lhs_MK.dtype), jnp.dtype(rhs_GKN.dtype),
+                                     jnp.dtype(preferred_element_type))
     tm, tk, tn = _tiles(m, k, n, tiling)
     m_pad, k_pad, n_pad = round_up(m, tm), round_up(k, tk), round_up(n, tn)
     lhs = pad_axis(pad_axis(lhs_MK, 0, m_pad), 1, k_pad)
@@ -145,11 +198,14 @@ def _tgmm_kernel(gid_ref, mt_ref, first_ref, st_ref, en_ref, lhs_ref, dy_ref, ze
 
 
 def tgmm_tpu(lhs_MK, dy_MN, group_sizes_G, *, preferred_element_type=jnp.float32,
-             tiling=DEFAULT_TILING, interpret=False):
-    """Weight gradient out[g] = lhs[rows of g]^T @ dy[rows of g] -> [G,K,N]."""
+             tiling=None, interpret=False):
+    """Weight gradient out[g] = lhs[rows of g]^T @ dy[rows of g] -> [G,K,N]; tiling None:
+    choose_tiling's for these shapes."""
     m, k = lhs_MK.shape
     n = dy_MN.shape[1]
     g = group_sizes_G.shape[0]
+    tiling = tiling or choose_tiling("tgmm", m, k, n, g, jnp.dtype(lhs_MK.dtype), jnp.dtype(dy_MN.dtype),
+                                     jnp.dtype(preferred_element_type))
     tm, tk, tn = _tiles(m, k, n, tiling)
     m_pad, k_pad, n_pad = round_up(m, tm), round_up(k, tk), round_up(n, tn)
     lhs = pad_axis(pad_axis(lhs_MK, 0, m_pad), 1, k_pad)

@@ -26,20 +26,24 @@ def test_gmm_reads_lhs_per_n_tile_and_rhs_per_visit_when_k_is_tiled():
     m, k, n, g = 512, 256, 384, 4
     # tiles: m 4, k 2, n 3; visits 4 + 4 - 1 = 7; K tiled, so rhs's [K, N] block is fetched per visit
     t = gmm_traffic(m, k, n, g, (128, 128, 128), "bfloat16", "bfloat16", "float32")
-    assert t["flops"] == 2 * 512 * 256 * 384
+    # every visit multiplies a whole [128, 256] x [256, 384] tile: 7 visits of 128 rows, not 512 rows
+    assert t["flops"] == 2 * 7 * 128 * 256 * 384 and t["useful_flops"] == 2 * 512 * 256 * 384
     assert t["bytes"] == 512 * 256 * 2 * 3 + 7 * 256 * 384 * 2 + 512 * 384 * 4
     # K in one tile: a group's block stays put across its visits, rhs read once
     t = gmm_traffic(m, k, n, g, (128, 256, 128), "bfloat16", "bfloat16", "float32")
     assert t["bytes"] == 512 * 256 * 2 * 3 + 4 * 256 * 384 * 2 + 512 * 384 * 4
     ce = gmm_cost(m, k, n, g, "bfloat16", "bfloat16", "float32", tiling=(128, 128, 128))
-    assert (ce.flops, ce.bytes_accessed) == (2 * 512 * 256 * 384, 512 * 256 * 2 * 3 + 7 * 256 * 384 * 2
+    assert (ce.flops, ce.bytes_accessed) == (2 * 7 * 128 * 256 * 384, 512 * 256 * 2 * 3 + 7 * 256 * 384 * 2
                                              + 512 * 384 * 4)
+    # N = 300 padded to 3 tiles of 128: the MXU multiplies the padding too
+    assert gmm_traffic(m, k, 300, g, (128, 256, 128), "bfloat16", "bfloat16", "float32")["flops"] == \
+        2 * 7 * 128 * 256 * 384
 
 
 def test_tgmm_reads_lhs_per_n_tile_and_dy_per_k_tile():
     m, k, n, g = 512, 256, 384, 4
     t = tgmm_traffic(m, k, n, g, (128, 128, 128), "bfloat16", "bfloat16", "float32")
-    assert t["flops"] == 2 * 512 * 256 * 384
+    assert t["flops"] == 2 * 7 * 128 * 256 * 384
     assert t["bytes"] == 512 * 256 * 2 * 3 + 512 * 384 * 2 * 2 + 4 * 256 * 384 * 4
     ce = tgmm_cost(m, k, n, g, "bfloat16", "bfloat16", "float32", tiling=(128, 128, 128))
     assert ce.bytes_accessed == t["bytes"]
@@ -87,7 +91,7 @@ def test_hlo_reader_takes_operands_outputs_and_the_authors_estimate():
 
 
 def _gmm_record(est):
-    return {"kernel": "_gmm_kernel", "count": 3, "scalar_prefetch": 5,
+    return {"kernel": "_gmm_kernel", "count": 3, "scalar_prefetch": 5, "scratch": 1,
             "operands": [["s32", [7]]] * 3 + [["s32", [5]]] * 2 + [["bf16", [1024, 512]], ["bf16", [4, 512, 2048]]],
             "outputs": [["bf16", [1024, 2048]]],
             "blocks": [["vmem", "bf16", [256, 512]], ["vmem", "bf16", [1, 512, 1024]], ["vmem", "bf16", [256, 1024]],
@@ -112,7 +116,8 @@ def test_model_of_megablox_and_splash_calls():
            "outputs": [["bf16", [4096, 2048]]],
            "blocks": [["vmem", "bf16", [512, 768]], ["vmem", "bf16", [1, 1024, 768]], ["vmem", "bf16", [512, 1024]]]}
     m = aot.call_model(rec)
-    assert m["kind"] == "gmm" and m["flops"] == 2 * 4096 * 768 * 2048
+    # 8 row tiles + 15 straddles = 23 visits of 512 rows; K = 768 in one tile, N in 2 tiles of 1024
+    assert m["kind"] == "gmm" and m["flops"] == 2 * 23 * 512 * 768 * 2048
     assert m["bytes"] == 4096 * 768 * 2 * 2 + 16 * 768 * 2048 * 2 + 4096 * 2048 * 2
     # megablox tgmm: [M, K]^T x [M, N] -> [G, K, N]
     rec = {"kernel": "tgmm", "scalar_prefetch": 4,
@@ -120,7 +125,7 @@ def test_model_of_megablox_and_splash_calls():
            "outputs": [["f32", [16, 2048, 768]]],
            "blocks": [["vmem", "bf16", [512, 1024]], ["vmem", "bf16", [512, 768]], ["vmem", "f32", [1, 1024, 768]]]}
     m = aot.call_model(rec)
-    assert m["kind"] == "tgmm"
+    assert m["kind"] == "tgmm" and m["flops"] == 2 * 23 * 512 * 2048 * 768
     assert m["bytes"] == 4096 * 2048 * 2 * 1 + 4096 * 768 * 2 * 2 + 16 * 2048 * 768 * 4
     # splash forward as MaxText's optimized HLO holds it (two mask-info prefetch operands; q, k, v,
     # segment ids; out and lse; three scratch buffers), 512-blocks
@@ -166,3 +171,27 @@ def test_maxtext_matching_settings():
     assert ov("qwen3_30b_a3b-fsdp8_ep8-ragged")["ragged_buffer_factor"] == "-1.0"
     assert "shard_exp_on_fsdp" not in ov("qwen3_30b_a3b-fsdp8_ep8")
     json.dumps(aot.point_spec("qwen3_30b_a3b-fsdp8_ep8"))
+
+
+def test_maxtext_tiles_at_matching_settings_are_the_tile_rules_for_its_call_shapes():
+    """--maxtext-tiles chosen hands MaxText, per megablox call (wi / wo x fwd / dlhs / drhs), the tiles
+    c2jax's rule picks for that call's shape; its rows are those MaxText's compiled calls hold."""
+    import jax.numpy as jnp
+    from pallas_kernels.gmm.tpu import choose_tiling
+    aot = _aot()
+    p = aot.point_spec("qwen3_30b_a3b-fsdp8_ep8")
+    rows, g = aot.maxtext_gmm_rows(p)
+    # MaxText's receive buffer: 64 x 4096 tokens / 64 chips x top-8 x ragged_buffer_factor 2, over 16 local experts
+    assert (rows, g) == (65536, 16)
+    assert aot.maxtext_gmm_rows(aot.point_spec("qwen3_30b_a3b-fsdp64")) == (32768, 128)
+    assert "wi_tile_fwd_batch_seq" not in aot.maxtext_matching(p)   # base.yml's unless asked
+    p["maxtext_tiles"] = "chosen"
+    ov = aot.maxtext_matching(p)
+    bf = jnp.dtype(jnp.bfloat16)
+    d, f = 2048, 768
+    tm, tk, tn = choose_tiling("gmm", rows, f, d, g, bf, bf, bf)          # down projection [rows, F] x [F, D]
+    assert (ov["wo_tile_fwd_batch_seq"], ov["wo_tile_fwd_mlp_dim"], ov["wo_tile_fwd_embed_dim"]) == (tm, tk, tn)
+    tm, tk, tn = choose_tiling("tgmm", rows, d, f, g, bf, bf, bf)         # gate / up weight gradient
+    assert (ov["wi_tile_drhs_batch_seq"], ov["wi_tile_drhs_embed_dim"], ov["wi_tile_drhs_mlp_dim"]) == (tm, tk, tn)
+    assert len([k for k in ov if "_tile_" in k]) == 18
+    assert any("same rule's tiles" in n for n in aot.layout_notes(p))
