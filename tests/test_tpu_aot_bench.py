@@ -195,9 +195,9 @@ def test_best_vs_best_takes_the_fastest_candidate_that_fits(tmp_path):
     reports counts once (the later report's); the ratio is MaxText's best over c2jax's."""
     mod = _module()
 
-    def write(name, date, side, remat, step, hbm, oom=False):
+    def write(name, date, side, remat, step, hbm, oom=False, tiles=None):
         compiles = {"L2": {"status": "ok"}, "L4": {"status": "ok"}, "full": {"status": "hbm_oom" if oom else "ok"}}
-        r = {"point": "pt", "date": date, "hbm_per_chip_gib": 88.5,
+        r = {"point": "pt", "date": date, "hbm_per_chip_gib": 88.5, **({f"{side}_tiles": tiles} if tiles else {}),
              "sides": {side: {"status": "incomplete" if oom else "ok", "remat": remat, "peak_hbm_gib": hbm,
                               "compiles": compiles, "one_model": {"whole": {"optimal_seconds": step}, "mfu": 0.3}}}}
         (tmp_path / name).write_text(json.dumps(r))
@@ -208,16 +208,21 @@ def test_best_vs_best_takes_the_fastest_candidate_that_fits(tmp_path):
              write("d.json", "2026-01-02 00:00 UTC", "c2jax", "save_matmuls", 0.85, 61.0),  # the later one
              write("e.json", "2026-01-01 00:00 UTC", "maxtext", "minimal", 0.9, 70.0),
              write("f.json", "2026-01-01 00:00 UTC", "maxtext", "full", 1.1, 20.0),
-             write("g.json", "2026-01-01 00:00 UTC", "maxtext", "save_qkv_proj", 0.5, 60.0, oom=True)]
+             write("g.json", "2026-01-01 00:00 UTC", "maxtext", "save_qkv_proj", 0.5, 60.0, oom=True),
+             # the same policy at other tiles is a candidate of its own, not a later compile of f.json's
+             write("h.json", "2026-01-03 00:00 UTC", "maxtext", "full", 1.05, 20.0, tiles="chosen")]
     b = mod.best_vs_best(paths)
     pt = b["points"]["pt"]
     assert [c["remat"] for c in pt["sides"]["c2jax"]] == ["none", "save_matmuls", "full"]
     assert pt["best"]["c2jax"]["remat"] == "save_matmuls" and pt["best"]["c2jax"]["step_s"] == 0.85
     assert pt["best"]["maxtext"]["remat"] == "minimal"   # not save_qkv_proj: its full depth did not compile
-    assert [c["remat"] for c in pt["sides"]["maxtext"]] == ["save_qkv_proj", "minimal", "full"]
+    assert [(c["remat"], c["tiles"]) for c in pt["sides"]["maxtext"]] == [
+        ("save_qkv_proj", "base.yml 512x1024x1024"), ("minimal", "base.yml 512x1024x1024"),
+        ("full", "per-shape rule"), ("full", "base.yml 512x1024x1024")]
     assert pt["maxtext_over_c2jax_step"] == pytest.approx(0.9 / 0.85)
     md = mod.best_markdown(b)
-    assert "| pt | save_matmuls | 0.850 (30.0%) | 61.00 | minimal | 0.900 (30.0%) | 70.00 | 1.059 |" in md
+    assert ("| pt | save_matmuls, fixed 256x512x1024 | 0.850 (30.0%) | 61.00 | minimal, base.yml 512x1024x1024 | "
+            "0.900 (30.0%) | 70.00 | 1.059 |") in md
 
 
 def test_reports_name_no_path_of_this_machine(monkeypatch):

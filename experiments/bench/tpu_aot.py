@@ -999,9 +999,13 @@ def summary_table(paths) -> str:
     return "\n".join(rows) + "\n"
 
 
+# a report's grouped-matmul tiling (c2jax_tiles / maxtext_tiles) as the best-vs-best tables name it
+TILE_WORDS = {"chosen": "per-shape rule", "fixed": "fixed 256x512x1024", "default": "base.yml 512x1024x1024"}
+
+
 def best_vs_best(paths) -> dict:
     """Per point, each side's fastest step under the one cost model among the written reports'
-    candidates (one per remat policy) whose peak HBM per chip fits HBM_FIT of the chip's; every
+    candidates (one per remat policy and grouped-matmul tiling) whose peak HBM per chip fits HBM_FIT of the chip's; every
     candidate is listed with its figures."""
     points = {}
     for path in paths:
@@ -1017,8 +1021,9 @@ def best_vs_best(paths) -> dict:
                 continue   # a candidate whose only failure is the full depth asking for more HBM than a chip has
             step = s.get("one_model", {}).get("whole", {}).get("optimal_seconds")
             hbm = s.get("peak_hbm_gib")
+            tiles = (r.get("c2jax_tiles", "fixed") if name == "c2jax" else r.get("maxtext_tiles", "default"))
             pt["sides"].setdefault(name, []).append({
-                "remat": s.get("remat", "full"), "step_s": step, "peak_hbm_gib": hbm, "hbm_oom": oom,
+                "remat": s.get("remat", "full"), "tiles": TILE_WORDS[tiles], "step_s": step, "peak_hbm_gib": hbm, "hbm_oom": oom,
                 "mfu": s.get("one_model", {}).get("mfu"), "fits": not oom and hbm is not None and hbm <= cap,
                 "report": os.path.relpath(os.path.abspath(path), ROOT), "compiled": r["date"],
                 "commit": (r.get("c2jax_commit") or "")[:7] if name == "c2jax" else None,
@@ -1026,9 +1031,10 @@ def best_vs_best(paths) -> dict:
     for pt in points.values():
         for cands in pt["sides"].values():
             seen = {}
-            for c in cands:   # a remat compiled in several reports: the latest report's
-                if c["remat"] not in seen or c["compiled"] > seen[c["remat"]]["compiled"]:
-                    seen[c["remat"]] = c
+            for c in cands:   # a remat and tiling compiled in several reports: the latest report's
+                key = (c["remat"], c["tiles"])
+                if key not in seen or c["compiled"] > seen[key]["compiled"]:
+                    seen[key] = c
             cands[:] = sorted(seen.values(), key=lambda c: (c["step_s"] is None, c["step_s"] or 0))
         best = {name: next((c for c in cands if c["fits"] and c["step_s"] is not None), None)
                 for name, cands in pt["sides"].items()}
@@ -1044,7 +1050,7 @@ def best_vs_best(paths) -> dict:
 def best_markdown(b: dict) -> str:
     """The best-vs-best table, then every candidate."""
     lines = [f"Rule: {b['rule']}. `{b['command']}`", "",
-             "| point | c2jax best (remat) | step s (MFU) | HBM GiB | MaxText best (remat) | step s (MFU) | HBM GiB | "
+             "| point | c2jax best (remat, tiles) | step s (MFU) | HBM GiB | MaxText best (remat, tiles) | step s (MFU) | HBM GiB | "
              "MaxText / c2jax step |", "|---|---|---|---|---|---|---|---|"]
     for name, pt in b["points"].items():
         cb, mb = pt["best"].get("c2jax"), pt["best"].get("maxtext")
@@ -1052,14 +1058,14 @@ def best_markdown(b: dict) -> str:
         def cells(c):
             if not c:
                 return "none fits | | "
-            return (f"{c['remat']} | {c['step_s']:.3f} ({_f(c['mfu'], '{:.1%}')}) | {c['peak_hbm_gib']:.2f}")
+            return (f"{c['remat']}, {c.get('tiles', '-')} | {c['step_s']:.3f} ({_f(c['mfu'], '{:.1%}')}) | {c['peak_hbm_gib']:.2f}")
         lines.append(f"| {name} | {cells(cb)} | {cells(mb)} | {_f(pt.get('maxtext_over_c2jax_step'), '{:.3f}')} |")
-    lines += ["", "| point | side | remat | step, one cost model s (MFU) | peak HBM / chip GiB | fits | report "
-                  "(c2jax commit) |", "|---|---|---|---|---|---|---|"]
+    lines += ["", "| point | side | remat | tiles | step, one cost model s (MFU) | peak HBM / chip GiB | fits | "
+                  "report (c2jax commit) |", "|---|---|---|---|---|---|---|---|"]
     for name, pt in b["points"].items():
         for side, cands in pt["sides"].items():
             for c in cands:
-                lines.append(f"| {name} | {side} | {c['remat']} | {_f(c['step_s'], '{:.3f}')} "
+                lines.append(f"| {name} | {side} | {c['remat']} | {c.get('tiles', '-')} | {_f(c['step_s'], '{:.3f}')} "
                              f"({_f(c['mfu'], '{:.1%}')}) | {_f(c['peak_hbm_gib'], '{:.2f}')} | "
                              f"{'yes' if c['fits'] else 'no (the compiler refused it for HBM)' if c.get('hbm_oom') else 'no'}"
                              f" | {os.path.basename(c['report'])}{' (' + c['commit'] + ')' if c.get('commit') else ''} |")
