@@ -79,6 +79,9 @@ def model_defaults() -> ml_collections.ConfigDict:
     m.param_dtype = "float32"          # master weight dtype
     m.quant = "none"                   # expert matmul quantization: none, int8, mxfp8, nvfp4
     m.kernels = kernels_defaults()     # implementation per op (c2jax.ops): "auto" or a registered name
+    # grouped-matmul tiles of the Mosaic gmm / tgmm: "auto" (pallas_kernels.gmm.tpu.choose_tiling per
+    # call shape) or "TM,TK,TN" for every call (clamped to each operand)
+    m.gmm_tiling = "auto"
     m.head_chunks = 1                  # training's output head + loss over the sequence in this many chunks, each rematerialized
     m.remat = "none"                   # what a layer keeps for backward: REMAT_POLICIES (c2jax.ops.remat)
     m.scan_unroll = 1                  # layers per iteration of the layer scan (>= the layer count: no loop)
@@ -360,6 +363,22 @@ def _choice(section: str, key: str, value: str, options: Sequence[str]):
         raise ConfigError(f"config key '{section}.{key}' = {value!r}; choose one of {list(options)}")
 
 
+def gmm_tiling_of(m) -> tuple[int, int, int] | None:
+    """model.gmm_tiling as the grouped matmuls take it: None ("auto": chosen per call shape) or
+    (tm, tk, tn); ConfigError for anything else."""
+    s = str(m.get("gmm_tiling", "auto")) if hasattr(m, "get") else "auto"
+    if s == "auto":
+        return None
+    try:
+        tiles = tuple(int(x) for x in s.split(","))
+    except ValueError:
+        tiles = ()
+    if len(tiles) != 3 or tiles[0] < 8 or tiles[0] % 8 or any(t < 128 or t % 128 for t in tiles[1:]):
+        raise ConfigError(f"model.gmm_tiling={s!r}: 'auto' or 'TM,TK,TN' with TM a multiple of 8 and TK, TN "
+                          "multiples of 128 (the TPU's sublane and lane tiles)")
+    return tiles
+
+
 def validate_model(m: ml_collections.ConfigDict) -> None:
     """Check a model config for consistency; raise ConfigError naming the field."""
     _check_types("model", m, model_defaults())
@@ -374,6 +393,7 @@ def validate_model(m: ml_collections.ConfigDict) -> None:
     _choice("model", "param_dtype", m.param_dtype, ("float32", "bfloat16"))
     _choice("model", "quant", m.quant, ("none", "int8", "mxfp8", "nvfp4"))
     _check_kernels(m)
+    gmm_tiling_of(m)
     _choice("model", "remat", m.remat, REMAT_POLICIES)
     if m.scan_unroll < 1:
         raise ConfigError(f"model.scan_unroll must be >= 1, got {m.scan_unroll}")

@@ -13,6 +13,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from c2jax.config import gmm_tiling_of
 from c2jax.models.layers import MLP, dtype_of, kernels_of
 from c2jax.ops import experts as experts_ops
 from c2jax.ops import weights
@@ -141,7 +142,8 @@ class MoE(nn.Module):
         experts = weights.prepared_or(self, "experts", self._expert_weights)
         y_BLD, dropped = experts_ops.experts(kernels_of(m), x_TD.astype(dt).reshape(B, L, D), ids_TK.reshape(B, L, K),
                                              weights_TK.reshape(B, L, K), experts, quant=m.quant,
-                                             capacity_factor=capacity_factor_of(m), stacked=stacked)
+                                             capacity_factor=capacity_factor_of(m), stacked=stacked,
+                                             tiling=gmm_tiling_of(m))
         if m.num_shared_experts:
             y_BLD = y_BLD + MLP(F * m.num_shared_experts, dt, pdt, m.init_std, kernels_of(m),
                                 name="shared")(x_BLD)

@@ -112,8 +112,8 @@ def _capacity_ok(target: Target, **spec):
 
 
 def _grouped(impl: str):
-    def run(x_TD, ids_TK, weights_TK, ws, cap, quant, stacked):
-        return xla.grouped_dispatch(x_TD, ids_TK, weights_TK, *ws, quant, xla.grouped_matmul(quant, impl))
+    def run(x_TD, ids_TK, weights_TK, ws, cap, quant, stacked, tiling=None):
+        return xla.grouped_dispatch(x_TD, ids_TK, weights_TK, *ws, quant, xla.grouped_matmul(quant, impl, tiling))
     return run
 
 
@@ -172,13 +172,13 @@ def _decode_packed(x_TD, ids_TK, weights_TK, ws, cap, quant, stacked):
 
 
 def experts(kernels, x_BLD, ids_BLK, weights_BLK, *weights, quant: str = "none",
-            capacity_factor: float | None = None, stacked=None):
+            capacity_factor: float | None = None, stacked=None, tiling=None):
     """Routed experts of tokens x_BLD -> (y_BLD in x's dtype, dropped fraction). weights: one
     layer's w_gate, w_up, w_down (float or pre-quantized stacks), or one decode layout of the
     sampler's (weight_layout), which its own implementation reads whatever the config pins.
     kernels: the model config's `kernels` section (its `experts` choice); capacity_factor None =
     dropless; stacked: the weights as a layer of the scanned model's stacks (read in place by the
-    CPU kernel)."""
+    CPU kernel); tiling: the grouped matmuls' (tm, tk, tn), None = chosen per call shape."""
     ws = weights[0] if len(weights) == 1 else tuple(weights)
     layout = weight_layout(ws)
     B, L, D = x_BLD.shape
@@ -199,16 +199,17 @@ def experts(kernels, x_BLD, ids_BLK, weights_BLK, *weights, quant: str = "none",
                           x_dtype=x_BLD.dtype, w_dtype=getattr(ws[0], "dtype", None))
     if plan is not None:
         record("experts", f"{ep.exchange_name()}({impl.name})")
-        gmm = xla.grouped_matmul(quant, GROUPED[impl.name])
+        gmm = xla.grouped_matmul(quant, GROUPED[impl.name], tiling)
         return ep.expert_parallel_dispatch(x_BLD, ids_BLK, weights_BLK, *ws, quant, plan, gmm)
     if impl.name.startswith("pallas") and target.devices > 1:
         record("experts", f"token_parallel({impl.name})")
 
         def local_fn(x_TD, ids_TK, weights_TK, wg, wu, wd):
-            return impl.fn(x_TD, ids_TK, weights_TK, (wg, wu, wd), cap, quant, None)
+            return impl.fn(x_TD, ids_TK, weights_TK, (wg, wu, wd), cap, quant, None, tiling=tiling)
         return ep.token_parallel_dispatch(x_BLD, ids_BLK, weights_BLK, *ws, local_fn)
     record("experts", impl.name)
-    y_TD, dropped = impl.fn(*flat, ws, cap, quant, stacked)
+    extra = {"tiling": tiling} if impl.name in GROUPED else {}
+    y_TD, dropped = impl.fn(*flat, ws, cap, quant, stacked, **extra)
     return y_TD.reshape(B, L, D).astype(x_BLD.dtype), dropped
 
 

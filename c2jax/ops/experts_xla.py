@@ -39,14 +39,15 @@ def expert_ffn(x_MD, w_gate_EDF, w_up_EDF, w_down_EFD, group_sizes_E, gmm):
     return remat.tag(gmm(nn.silu(h_M2F[:, :F]) * h_M2F[:, F:], w_down_EFD, group_sizes_E), remat.MLP_OUT)
 
 
-def grouped_matmul(quant: str, impl: str):
+def grouped_matmul(quant: str, impl: str, tiling=None):
     """gmm(lhs, rhs, group_sizes) through pallas_kernels with a concrete impl ("pallas": Mosaic,
-    "interpret": the same kernel interpreted, "xla": the row-tiled fallback, "ragged": ragged_dot)."""
+    "interpret": the same kernel interpreted, "xla": the row-tiled fallback, "ragged": ragged_dot);
+    tiling: the Mosaic kernels' (tm, tk, tn), None = chosen per call shape."""
     import pallas_kernels
 
     def gmm(lhs, rhs, gs):
         return pallas_kernels.gmm(lhs, rhs, gs.astype(jnp.int32), quant=quant, impl=impl,
-                                  preferred_element_type=lhs.dtype)
+                                  preferred_element_type=lhs.dtype, tiling=tiling)
     return gmm
 
 
