@@ -165,8 +165,8 @@ def _compile(lowered) -> tuple:
         compiled = lowered.compile()
     except jax.errors.JaxRuntimeError as e:
         msg = str(e)
-        if "RESOURCE_EXHAUSTED" not in msg and "Ran out of memory" not in msg:
-            raise
+        if ("RESOURCE_EXHAUSTED" not in msg and "Ran out of memory" not in msg) or "VmemOom" in msg:
+            raise   # only HBM refusals are a verdict on the step; a kernel past its VMEM limit is a bug
         m = _OOM.search(msg)
         temp = float(m.group(1)) * _UNITS[m.group(2)] if m else float("inf")
         return None, {"arguments_gib": float("nan"), "outputs_gib": float("nan"), "aliased_gib": float("nan"),

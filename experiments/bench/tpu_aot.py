@@ -370,12 +370,17 @@ def maxtext_gmm_rows(p: dict) -> tuple[int, int]:
     return rows, groups
 
 
+# the TPU compiler's default scoped VMEM limit on v5p, which bounds a Pallas kernel that sets none
+# (megablox): blocks past it are refused at compile time (CompileTimeScopedVmemOom)
+MAXTEXT_SCOPED_VMEM = 16 * 1024 * 1024
+
+
 def maxtext_gmm_tiles(p: dict) -> dict:
     """MaxText's megablox tile keys (wi / wo x fwd / dlhs / drhs) set to the tiles c2jax's rule
     (pallas_kernels.gmm.tpu.choose_tiling) picks for MaxText's own call shapes: gate and up
     [rows, D] x [D, F] and down [rows, F] x [F, D], their input gradients and weight gradients."""
     import jax.numpy as jnp
-    from pallas_kernels.gmm.tpu import choose_tiling
+    from pallas_kernels.gmm.tpu import VMEM_LIMIT_BYTES, choose_tiling, gmm_vmem_bytes, tgmm_vmem_bytes
     m = c2jax_config(p, None, False).model
     rows, g = maxtext_gmm_rows(p)
     d, f = m.hidden_size, m.moe_intermediate_size
@@ -388,6 +393,11 @@ def maxtext_gmm_tiles(p: dict) -> dict:
             ("wo_tile_dlhs", "gmm", d, f, "embed_dim", "mlp_dim"), ("wo_tile_drhs", "tgmm", f, d, "mlp_dim", "embed_dim")):
         tm, tk, tn = choose_tiling(kind, rows, k, n, g, bf, bf, bf)
         ov.update({f"{prefix}_batch_seq": tm, f"{prefix}_{kname}": tk, f"{prefix}_{nname}": tn})
+        vmem = (gmm_vmem_bytes if kind == "gmm" else tgmm_vmem_bytes)((tm, tk, tn), bf, bf, bf)
+        if vmem > MAXTEXT_SCOPED_VMEM:
+            # megablox sets no VMEM limit of its own; c2jax's kernels ask for VMEM_LIMIT_BYTES, MaxText's
+            # documented way to give its kernels the same is a compiler flag (base.yml's compile_xla_flags)
+            ov["compile_xla_flags"] = f"--xla_tpu_scoped_vmem_limit_kib={VMEM_LIMIT_BYTES // 1024}"
     return ov
 
 
@@ -797,7 +807,9 @@ def command_line() -> str:
     return " ".join([".venv/bin/python", os.path.relpath(os.path.abspath(sys.argv[0]), ROOT), *map(arg, sys.argv[1:])])
 
 
-def run_point(p: dict, sides: list[str], full: bool, out_dir: str, timeout: float) -> dict:
+def run_point(p: dict, sides: list[str], full: bool, out_dir: str, timeout: float, stem: str = "") -> dict:
+    """Compile point p's programs on each side; the report (MaxText's raw driver outputs go to
+    OUT_DIR/raw/STEM_maxtext_KEY.json / .log, STEM defaulting to DATE_POINT plus the remat suffix)."""
     from c2jax.tools import compile_check as cc
     chip, hbm, peak = cc.chip_spec(p["topology"])
     chips = chips_of(p["topology"])
@@ -807,7 +819,7 @@ def run_point(p: dict, sides: list[str], full: bool, out_dir: str, timeout: floa
     if full:
         compiles.append(("full", figs["layers"], False))
     date = datetime.datetime.now(datetime.timezone.utc)
-    stem = f"{date:%Y-%m-%d}_{p['name']}{remat_suffix(p, sides)}"
+    stem = stem or f"{date:%Y-%m-%d}_{p['name']}{remat_suffix(p, sides)}"
     report = {"date": date.strftime("%Y-%m-%d %H:%M UTC"), "point": p["name"],
               "command": command_line(),
               "model": p["model"], "topology": p["topology"], "chip": chip, "chips": chips,
@@ -1141,7 +1153,7 @@ def main(argv=None) -> int:
         if sides != ["c2jax"]:
             ap.error("--maxtext-from goes with --side c2jax")
         reused = reused_maxtext_side(args.maxtext_from, p)   # read before this run may overwrite the file
-    report = run_point(p, sides, not args.no_full, args.out_dir, args.maxtext_timeout)
+    report = run_point(p, sides, not args.no_full, args.out_dir, args.maxtext_timeout, args.stem)
     if reused is not None:
         report["sides"]["maxtext"] = reused
         report["goals"] = goals(report)

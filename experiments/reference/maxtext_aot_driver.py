@@ -252,7 +252,10 @@ def main(argv=None) -> int:
         report["status"] = "ok"
     except Exception as e:  # noqa: BLE001 - every failure is reported in the JSON
         msg = str(e)
-        if "RESOURCE_EXHAUSTED" in msg or "Ran out of memory" in msg:
+        if "VmemOom" in msg:   # a kernel's blocks past its scoped VMEM limit: not an HBM verdict
+            report["status"] = "vmem_oom"
+            rc = 1
+        elif "RESOURCE_EXHAUSTED" in msg or "Ran out of memory" in msg:
             m = _OOM.search(msg)
             temp = float(m.group(1)) * _UNITS[m.group(2)] if m else float("nan")
             report["status"] = "hbm_oom"

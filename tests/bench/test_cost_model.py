@@ -194,4 +194,12 @@ def test_maxtext_tiles_at_matching_settings_are_the_tile_rules_for_its_call_shap
     tm, tk, tn = choose_tiling("tgmm", rows, d, f, g, bf, bf, bf)         # gate / up weight gradient
     assert (ov["wi_tile_drhs_batch_seq"], ov["wi_tile_drhs_embed_dim"], ov["wi_tile_drhs_mlp_dim"]) == (tm, tk, tn)
     assert len([k for k in ov if "_tile_" in k]) == 18
+    # megablox sets no VMEM limit: tiles past the compiler's default scope come with MaxText's flag for
+    # the limit c2jax's kernels ask for (Kimi K2's whole-K blocks), and only then
+    fsdp = aot.point_spec("qwen3_30b_a3b-fsdp64")
+    fsdp["maxtext_tiles"] = "chosen"
+    assert "compile_xla_flags" not in aot.maxtext_matching(fsdp)
+    kimi = aot.point_spec("kimi_k2_1t-fsdp8_cp8_ep8")
+    kimi["maxtext_tiles"] = "chosen"
+    assert aot.maxtext_matching(kimi)["compile_xla_flags"] == "--xla_tpu_scoped_vmem_limit_kib=49152"
     assert any("same rule's tiles" in n for n in aot.layout_notes(p))
