@@ -342,6 +342,8 @@ def maxtext_matching(p: dict) -> dict:
     same factor of the balanced load as c2jax's capacity (ragged_buffer_factor; -1 = MaxText's
     worst case, dropless, where c2jax's is 0), and the output head in the same number of chunks
     (num_vocab_tiling)."""
+    if "maxtext_matching" in p:   # a written report's, as recorded
+        return dict(p["maxtext_matching"])
     ov = {}
     if p["ep"] == 1 and p["c2jax_rules"].get("expert_fsdp") == "fsdp":
         ov["shard_exp_on_fsdp"] = "true"
@@ -899,6 +901,8 @@ def resummarize(path: str) -> dict:
     r.update(figs)
     r["model_flops_per_chip"] = figs["model_flops_per_step"] / r["chips"]
     r["differences"] = layout_notes(p) + COMMON_DIFFERENCES
+    if "maxtext_matching" in r:   # the settings its MaxText programs were compiled with, whatever the rule is now
+        p["maxtext_matching"] = r["maxtext_matching"]
     r["maxtext_matching"] = maxtext_matching(p)
     peak = r["peak_bf16_tflops"] * 1e12
     r["remat"] = sides_remat
