@@ -184,6 +184,8 @@ def test_remat_policies_reach_each_side_and_name_the_report():
     assert ov["remat_policy"] == "minimal_with_context"
     assert mod.remat_suffix(p, ["c2jax", "maxtext"]) == "-c2jax_remat_save_matmuls_attention-maxtext_remat_minimal_with_context"
     assert mod.remat_suffix(mod.with_remat(p, maxtext="full"), ["maxtext"]) == ""
+    ov = dict(o.split("=", 1) for o in mod.maxtext_overrides(mod.with_remat(p, maxtext="custom_all_device"), 2, True))
+    assert ov["remat_policy"] == "custom" and ov["moe_mlpwo"] == ov["query_proj"] == ov["context"] == "device"
     with pytest.raises(SystemExit, match="--c2jax-remat"):
         mod.with_remat(p, c2jax="minimal")
     with pytest.raises(SystemExit, match="--maxtext-remat"):

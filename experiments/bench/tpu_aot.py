@@ -86,7 +86,12 @@ MODELS = {
 # remat_policy, "fastest to slowest", without the host-offloading ones and `custom`); "full" on both
 # sides unless --c2jax-remat / --maxtext-remat say otherwise
 MAXTEXT_REMAT = ("minimal_with_context", "minimal", "save_dot_with_context_except_mlp", "save_dot_except_mlpwi",
-                 "save_dot_except_mlp", "save_qkv_proj", "save_out_proj", "full")
+                 "save_dot_except_mlp", "save_qkv_proj", "save_out_proj", "full", "custom_all_device")
+# "custom_all_device": base.yml's `custom` policy with every tensor it names kept on device (its
+# closest option to keeping all activations, c2jax's `none`)
+MAXTEXT_CUSTOM_TENSORS = ("context", "mlpwi", "mlpwi_0", "mlpwi_1", "mlpwo", "moe_mlpwi_0", "moe_mlpwi_1", "moe_mlpwo",
+                          "moe_x_sorted", "moe_routing_maps", "query_proj", "key_proj", "value_proj", "kv_proj",
+                          "qkv_proj", "out_proj", "query_wa_proj", "kv_wa_proj", "mla_q", "mla_kv", "attention_out")
 HBM_FIT = 0.9   # a best-vs-best candidate fits when its peak HBM per chip is at most this share of the chip's
 
 C2JAX_EP_CAPACITY = 2.0   # c2jax's mesh.ep_capacity_factor at every EP point unless the point sets one
@@ -317,7 +322,9 @@ def maxtext_overrides(p: dict, layers: int | None, unrolled: bool) -> list[str]:
           "compile_topology": p["topology"], "internal_compile": "true", "internal_compile_num_devices": chips,
           "compile_topology_num_slices": 1, "dcn_data_parallelism": 1,
           "per_device_batch_size": pdbs, "max_target_length": p["seq"],
-          "remat_policy": p["remat"]["maxtext"], "weight_dtype": "float32", "dtype": "bfloat16",
+          "remat_policy": "custom" if p["remat"]["maxtext"] == "custom_all_device" else p["remat"]["maxtext"],
+          **({t: "device" for t in MAXTEXT_CUSTOM_TENSORS} if p["remat"]["maxtext"] == "custom_all_device" else {}),
+          "weight_dtype": "float32", "dtype": "bfloat16",
           "scan_layers": "false" if unrolled else "true", "allow_split_physical_axes": "true",
           "attention": "flash", "sparse_matmul": "true", "megablox": "true", "capacity_factor": -1.0,
           "opt_type": "adamw", "gradient_clipping_threshold": 1.0, "gradient_accumulation_steps": 1,
