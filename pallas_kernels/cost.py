@@ -58,6 +58,18 @@ def _size(shape, dtype) -> int:
     return math.prod(int(s) for s in shape) * _itemsize(dtype)
 
 
+# How XLA's cost analysis times a Mosaic call on a chip: max(flops / flops_per_s, bytes / bytes_per_s),
+# with these rates (written by `experiments/bench/tpu_aot.py --xla-roofline v5p:2x2x1`: one Pallas
+# call's optimal_seconds against the estimate it carries; experiments/results/tpu_aot/xla_roofline_v5p.json)
+XLA_ROOFLINE = {"v5p": {"flops_per_s": 394e12, "bytes_per_s": 2.3504e12}}
+
+
+def roofline_seconds(flops: float, nbytes: float, chip: str = "v5p") -> float:
+    """XLA's time for a call of this work on `chip` (XLA_ROOFLINE; v5p's rates for other chips)."""
+    r = XLA_ROOFLINE.get(chip, XLA_ROOFLINE["v5p"])
+    return max(flops / r["flops_per_s"], nbytes / r["bytes_per_s"])
+
+
 def _estimate(flops, transcendentals, bytes_accessed):
     from jax.experimental import pallas as pl
     return pl.CostEstimate(flops=int(flops), transcendentals=int(transcendentals), bytes_accessed=int(bytes_accessed))
@@ -117,26 +129,24 @@ def gmm_visits(m: int, g: int, tm: int) -> int:
 
 
 def gmm_traffic(m: int, k: int, n: int, g: int, tiling, lhs_dtype, rhs_dtype, out_dtype) -> dict:
-    """{flops, useful_flops, transcendentals, bytes} of a grouped matmul [M, K] x G x [K, N] -> [M, N]
+    """{flops, transcendentals, bytes} of a grouped matmul [M, K] x G x [K, N] -> [M, N]
     with tiles (tm, tk, tn) (the kernel's, after clamping to the operand)."""
     tm, tk, tn = tiling
     tiles_k, tiles_n = -(-k // tk), -(-n // tn)
     visits = gmm_visits(m, g, tm)
     rhs_reads = g if tiles_k == 1 else visits
-    return {"flops": 2 * visits * tm * tiles_k * tk * tiles_n * tn, "useful_flops": 2 * m * k * n,
-            "transcendentals": 0,
+    return {"flops": 2 * visits * tm * tiles_k * tk * tiles_n * tn, "transcendentals": 0,
             "bytes": _size((m, k), lhs_dtype) * tiles_n + rhs_reads * _size((k, n), rhs_dtype)
             + _size((m, n), out_dtype)}
 
 
 def tgmm_traffic(m: int, k: int, n: int, g: int, tiling, lhs_dtype, dy_dtype, out_dtype) -> dict:
-    """{flops, useful_flops, transcendentals, bytes} of the per-group weight gradient
+    """{flops, transcendentals, bytes} of the per-group weight gradient
     [M, K]^T x [M, N] -> [G, K, N] (each visit multiplies whole [tm, tk]^T x [tm, tn] tiles)."""
     tm, tk, tn = tiling
     tiles_k, tiles_n = -(-k // tk), -(-n // tn)
     visits = gmm_visits(m, g, tm)
-    return {"flops": 2 * visits * tm * tiles_k * tk * tiles_n * tn, "useful_flops": 2 * m * k * n,
-            "transcendentals": 0,
+    return {"flops": 2 * visits * tm * tiles_k * tk * tiles_n * tn, "transcendentals": 0,
             "bytes": _size((m, k), lhs_dtype) * tiles_n + _size((m, n), dy_dtype) * tiles_k
             + _size((g, k, n), out_dtype)}
 

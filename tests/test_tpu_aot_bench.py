@@ -238,3 +238,20 @@ def test_reports_name_no_path_of_this_machine(monkeypatch):
     pkg = site.getsitepackages()[0]
     text = f'File "{ROOT}/experiments/reference/maxtext_aot_driver.py", line 1\nFile "{pkg}/jax/x.py", line 2'
     assert portable_paths(text) == 'File "experiments/reference/maxtext_aot_driver.py", line 1\nFile "jax/x.py", line 2'
+
+
+def test_resummarize_states_the_maxtext_settings_a_report_was_compiled_with():
+    """A written report's MaxText settings are the ones it recorded, in its matching keys and its
+    notes, whatever today's rule would give (Kimi K2's rule tiles now come with a VMEM flag)."""
+    mod = _module()
+    p = mod.point_spec("kimi_k2_1t-fsdp8_cp8_ep8")
+    p["maxtext_tiles"] = "chosen"
+    assert "compile_xla_flags" in mod.maxtext_matching(p)
+    recorded = {k: v for k, v in mod.maxtext_matching(p).items() if k != "compile_xla_flags"}
+    p = mod.point_spec("kimi_k2_1t-fsdp8_cp8_ep8")
+    mod.take_maxtext_settings(p, {"maxtext_tiles": "chosen", "maxtext_matching": recorded})
+    assert mod.maxtext_matching(p) == recorded
+    assert not any("compile_xla_flags" in n for n in mod.layout_notes(p))
+    old = mod.point_spec("kimi_k2_1t-fsdp8_cp8_ep8")
+    mod.take_maxtext_settings(old, {})             # a report from before the tile rule
+    assert not any("_tile_" in k for k in mod.maxtext_matching(old))

@@ -7,7 +7,9 @@ capacity (the dropped fraction is returned). The implementation is keyed by the 
 by the mesh: under an expert-parallel mesh the tokens travel to their experts' devices
 (c2jax.ops.experts_ep, path "ep_all_to_all" / "ep_ragged_all_to_all") and the chosen grouped
 kernel runs there; on other multi-device meshes a Pallas kernel runs inside a shard_map over the
-token axes (path "token_parallel"). The choice is recorded as "path(implementation)".
+token axes (path "token_parallel"). The choice is recorded as "path(implementation)". Every
+implementation is fn(x_TD, ids_TK, weights_TK, weights, capacity, quant, stacked, tiling) -> (y_TD,
+dropped fraction), each reading what it needs (tiling: the grouped matmuls' (tm, tk, tn) or None).
 
 Letters: T tokens, D width, E experts, K experts per token, F expert width, B batch, L length.
 """
@@ -112,7 +114,7 @@ def _capacity_ok(target: Target, **spec):
 
 
 def _grouped(impl: str):
-    def run(x_TD, ids_TK, weights_TK, ws, cap, quant, stacked, tiling=None):
+    def run(x_TD, ids_TK, weights_TK, ws, cap, quant, stacked, tiling):
         return xla.grouped_dispatch(x_TD, ids_TK, weights_TK, *ws, quant, xla.grouped_matmul(quant, impl, tiling))
     return run
 
@@ -127,23 +129,23 @@ EXPERTS.register("xla_ragged", lambda target, **spec: _spec_reason(spec, grouped
 
 
 @EXPERTS.register("xla_gather", _gather_ok, "each token reads its chosen experts' weights, dropless")
-def _xla_gather(x_TD, ids_TK, weights_TK, ws, cap, quant, stacked):
+def _xla_gather(x_TD, ids_TK, weights_TK, ws, cap, quant, stacked, tiling):
     return xla.gather_dispatch(x_TD, ids_TK, weights_TK, *ws)
 
 
 @EXPERTS.register("xla_capacity", _capacity_ok, "[E, cap, D] buffers and batched einsums (drops past cap)")
-def _xla_capacity(x_TD, ids_TK, weights_TK, ws, cap, quant, stacked):
+def _xla_capacity(x_TD, ids_TK, weights_TK, ws, cap, quant, stacked, tiling):
     return xla.capacity_dispatch(x_TD, ids_TK, weights_TK, *ws, cap)
 
 
 @EXPERTS.register("xla_blocks", _blocks_ok, "expert-aligned row blocks, only occupied blocks computed (drops past cap)")
-def _xla_blocks(x_TD, ids_TK, weights_TK, ws, cap, quant, stacked):
+def _xla_blocks(x_TD, ids_TK, weights_TK, ws, cap, quant, stacked, tiling):
     return xla.block_dispatch(x_TD, ids_TK, weights_TK, *ws, cap)
 
 
 @EXPERTS.register("cpu_ffi", _cpu_ffi_ok, "c2jax/backends/cpu/cpu_moe.cc: forward and backward FFI calls (drops past cap)",
                   auto_skip=narrow_vectors)
-def _cpu_ffi(x_TD, ids_TK, weights_TK, ws, cap, quant, stacked):
+def _cpu_ffi(x_TD, ids_TK, weights_TK, ws, cap, quant, stacked, tiling):
     from c2jax.backends.cpu import moe as cpu_moe
     E = ws[0].shape[0]
     out = cpu_moe.expert_ffn(x_TD, ids_TK, weights_TK, *ws, cap, stacked=stacked)
@@ -160,13 +162,13 @@ def _decode_layout(layout: str):
                   "the sampler's per-expert buffers: only the chosen experts run, each weight read in place")
 @EXPERTS.register("decode_sharded", _decode_layout("sharded"),
                   "ShardedExperts over a 1-D decode mesh: each device its hidden columns or its experts")
-def _decode_split(x_TD, ids_TK, weights_TK, ws, cap, quant, stacked):
+def _decode_split(x_TD, ids_TK, weights_TK, ws, cap, quant, stacked, tiling):
     return xla.split_dispatch(x_TD, ids_TK, weights_TK, ws)
 
 
 @EXPERTS.register("decode_cpu_packed", _decode_layout("packed"),
                   "c2jax/backends/cpu/cpu_kernels.cc on the sampler's PackedExperts (each chosen expert read once)")
-def _decode_packed(x_TD, ids_TK, weights_TK, ws, cap, quant, stacked):
+def _decode_packed(x_TD, ids_TK, weights_TK, ws, cap, quant, stacked, tiling):
     from c2jax.backends.cpu import kernels as cpu_kernels
     return xla.split_dispatch(x_TD, ids_TK, weights_TK, ws, packed_ffn=cpu_kernels.moe_ffn)
 
@@ -188,7 +190,7 @@ def experts(kernels, x_BLD, ids_BLK, weights_BLK, *weights, quant: str = "none",
     flat = (x_BLD.reshape(T, D), ids_BLK.reshape(T, K), weights_BLK.reshape(T, K))
     if layout not in STACKED_LAYOUTS:
         impl = EXPERTS.select("auto", target, layout=layout, T=T, K=K)
-        y_TD, dropped = impl.fn(*flat, ws, None, quant, None)
+        y_TD, dropped = impl.fn(*flat, ws, None, quant, None, tiling)
         return y_TD.reshape(B, L, D).astype(x_BLD.dtype), dropped
     w_shape = getattr(ws[0], "values_GKN", ws[0]).shape
     E, F = w_shape[0], w_shape[-1]
@@ -205,11 +207,10 @@ def experts(kernels, x_BLD, ids_BLK, weights_BLK, *weights, quant: str = "none",
         record("experts", f"token_parallel({impl.name})")
 
         def local_fn(x_TD, ids_TK, weights_TK, wg, wu, wd):
-            return impl.fn(x_TD, ids_TK, weights_TK, (wg, wu, wd), cap, quant, None, tiling=tiling)
+            return impl.fn(x_TD, ids_TK, weights_TK, (wg, wu, wd), cap, quant, None, tiling)
         return ep.token_parallel_dispatch(x_BLD, ids_BLK, weights_BLK, *ws, local_fn)
     record("experts", impl.name)
-    extra = {"tiling": tiling} if impl.name in GROUPED else {}
-    y_TD, dropped = impl.fn(*flat, ws, cap, quant, stacked, **extra)
+    y_TD, dropped = impl.fn(*flat, ws, cap, quant, stacked, tiling)
     return y_TD.reshape(B, L, D).astype(x_BLD.dtype), dropped
 
 

@@ -58,6 +58,7 @@ DEFAULT_OUT = os.path.join(ROOT, "experiments", "results", "tpu_aot")
 GiB = 1024 ** 3
 sys.path.insert(0, os.path.dirname(DRIVER))
 from maxtext_aot_driver import cost as _cost, kernels_without_cost_estimate, mosaic_calls  # noqa: E402  (no MaxText import)
+from pallas_kernels.cost import roofline_seconds  # noqa: E402
 
 # ----------------------------------------------------------------------------- points
 # model: c2jax config file (plus model overrides) and MaxText's model_name (plus overrides)
@@ -502,19 +503,7 @@ def kernel_flops(cfg, p: dict, chips: int) -> dict:
 # ----------------------------------------------------------------------------- one cost model
 
 # XLA's TPU cost analysis times a Mosaic call by the estimate its author hands it, as
-# max(flops / flops_per_s, bytes / bytes_per_s), with these rates (written by
-# `tpu_aot.py --xla-roofline v5p:2x2x1`: one Pallas call's optimal_seconds against the estimate
-# it carries; experiments/results/tpu_aot/xla_roofline_v5p.json).
-XLA_ROOFLINE = {"v5p": {"flops_per_s": 394e12, "bytes_per_s": 2.3504e12}}
-
-
-def _roofline(chip: str) -> dict:
-    return XLA_ROOFLINE.get(chip, XLA_ROOFLINE["v5p"])
-
-
-def _call_seconds(flops: float, nbytes: float, chip: str) -> float:
-    r = _roofline(chip)
-    return max(flops / r["flops_per_s"], nbytes / r["bytes_per_s"])
+# pallas_kernels.cost.roofline_seconds (XLA_ROOFLINE's rates) states.
 
 
 def attention_kind(kernel: str) -> str | None:
@@ -605,7 +594,7 @@ def mosaic_model(calls: list[dict], chip: str, causal: bool = True) -> dict:
         else:
             mf, mb, fam = mod["flops"], mod["bytes"], mod["family"]
         for w, f_, b_ in (("self", sf, sb), ("model", mf, mb)):
-            sec = _call_seconds(f_, b_, chip)
+            sec = roofline_seconds(f_, b_, chip)
             for tgt in (tot[w], fams.setdefault(fam, {}).setdefault(w, {"flops": 0.0, "bytes": 0.0, "seconds": 0.0})):
                 tgt["flops"] += n * f_
                 tgt["bytes"] += n * b_
@@ -633,7 +622,7 @@ def one_model_figures(comp: dict, chip: str) -> dict | None:
 def xla_roofline(topology: str) -> dict:
     """How XLA's cost analysis times a Mosaic call: optimal_seconds of programs of one (and two)
     copy-kernel Pallas calls on one chip, handed estimates of F FLOPs and B bytes. Gives the rates
-    behind XLA_ROOFLINE, that the time is max(F / rate, B / bandwidth), that calls add up, and what
+    behind pallas_kernels.cost.XLA_ROOFLINE, that the time is max(F / rate, B / bandwidth), that calls add up, and what
     a call without an estimate counts."""
     import jax
     import jax.numpy as jnp
@@ -863,9 +852,18 @@ def point_layout(p: dict) -> dict:
     return {"fsdp": p["fsdp"], "ep": p["ep"]} | ({"cp": p["cp"]} if p["cp"] > 1 else {})
 
 
+def take_maxtext_settings(p: dict, report: dict) -> None:
+    """Give point p the MaxText settings a written report's MaxText programs were compiled with
+    (its tiles and matching keys as recorded; reports before the tile rule ran base.yml's tiles)."""
+    p["maxtext_tiles"] = report.get("maxtext_tiles", "default")
+    if "maxtext_matching" in report:
+        p["maxtext_matching"] = report["maxtext_matching"]
+
+
 def reused_maxtext_side(path: str, p: dict) -> dict:
     """The MaxText side of an earlier report whose programs are this point's (same model, topology,
-    batch, sequence and mesh), with a note naming where and when it was compiled."""
+    batch, sequence and mesh), with a note naming where and when it was compiled; p takes that
+    report's MaxText settings, so the new report states what the reused programs ran."""
     with open(path) as f:
         old = json.load(f)
     want = {"model": p["model"], "topology": p["topology"], "global_batch": p["batch"], "seq_len": p["seq"],
@@ -877,6 +875,7 @@ def reused_maxtext_side(path: str, p: dict) -> dict:
     if not side or side.get("status") != "ok":
         raise SystemExit(f"--maxtext-from {path}: no complete MaxText side in it")
     side = dict(side)
+    take_maxtext_settings(p, old)
     # a side that was itself reused keeps the note naming its compile
     side.setdefault("note", f"the MaxText programs of {old['point']}, compiled {old['date']} by `{old['command']}`")
     return side
@@ -902,14 +901,12 @@ def resummarize(path: str) -> dict:
     p = point_spec(r["point"])
     sides_remat = {name: s.get("remat", "full") for name, s in r["sides"].items()}
     p = with_remat(p, sides_remat.get("c2jax"), sides_remat.get("maxtext"))
-    p["maxtext_tiles"] = r.get("maxtext_tiles", "default")   # reports before the tile rule: base.yml's
-    p["c2jax_tiles"] = r.get("c2jax_tiles", "fixed")
+    take_maxtext_settings(p, r)
+    p["c2jax_tiles"] = r.get("c2jax_tiles", "fixed")   # reports before the tile rule: fixed tiles
     figs = model_figures(p)
     r.update(figs)
     r["model_flops_per_chip"] = figs["model_flops_per_step"] / r["chips"]
     r["differences"] = layout_notes(p) + COMMON_DIFFERENCES
-    if "maxtext_matching" in r:   # the settings its MaxText programs were compiled with, whatever the rule is now
-        p["maxtext_matching"] = r["maxtext_matching"]
     r["maxtext_matching"] = maxtext_matching(p)
     peak = r["peak_bf16_tflops"] * 1e12
     r["remat"] = sides_remat

@@ -19,16 +19,15 @@ from pallas_kernels._common import (
     round_up,
     varying_zeros,
 )
-from pallas_kernels.cost import gmm_cost, gmm_traffic, gmm_visits, tgmm_cost, tgmm_traffic
+from pallas_kernels.cost import gmm_cost, gmm_traffic, gmm_visits, roofline_seconds, tgmm_cost, tgmm_traffic
 from pallas_kernels.gmm.metadata import make_visits
 
 DEFAULT_TILING = (256, 512, 1024)  # (tm, tk, tn) of the quantized kernels; gmm / tgmm choose per shape
 VMEM_LIMIT_BYTES = 48 * 1024 * 1024
 # choose_tiling: blocks of one grid step within this much VMEM (double-buffered in/out plus the f32
 # accumulator; the rest of VMEM_LIMIT_BYTES is Mosaic's), timed by v5p's roofline as XLA states it
-# (experiments/results/tpu_aot/xla_roofline_v5p.json) plus a fixed cost per grid step
+# (pallas_kernels.cost.roofline_seconds) plus a fixed cost per grid step
 TILE_VMEM_BUDGET = 24 * 1024 * 1024
-ROOFLINE_FLOPS_PER_S, ROOFLINE_BYTES_PER_S = 394e12, 2.35e12
 GRID_STEP_S = 0.35e-6
 _TM_CHOICES = (128, 256, 512, 1024)
 _KN_CHOICES = (128, 256, 512, 1024, 2048, 4096, 8192)
@@ -56,14 +55,17 @@ def tgmm_vmem_bytes(tiling, lhs_dtype, dy_dtype, out_dtype) -> int:
     return 2 * (tm * tk * isz(lhs_dtype) + tm * tn * isz(dy_dtype) + tk * tn * isz(out_dtype)) + tk * tn * 4
 
 
+def _grid_steps(m, k, n, g, tiling) -> int:
+    tm, tk, tn = tiling
+    return gmm_visits(m, g, tm) * -(-k // tk) * -(-n // tn)
+
+
 def tiling_seconds(kind: str, m, k, n, g, tiling, lhs_dtype, rhs_dtype, out_dtype) -> float:
     """Modelled time of one gmm / tgmm call at `tiling` (already clamped): the roofline of the
     whole-tile MXU work and the HBM traffic of pallas_kernels/cost.py, plus the grid steps."""
     traffic = gmm_traffic if kind == "gmm" else tgmm_traffic
     t = traffic(m, k, n, g, tiling, lhs_dtype, rhs_dtype, out_dtype)
-    tm, tk, tn = tiling
-    steps = gmm_visits(m, g, tm) * -(-k // tk) * -(-n // tn)
-    return max(t["flops"] / ROOFLINE_FLOPS_PER_S, t["bytes"] / ROOFLINE_BYTES_PER_S) + steps * GRID_STEP_S
+    return roofline_seconds(t["flops"], t["bytes"]) + _grid_steps(m, k, n, g, tiling) * GRID_STEP_S
 
 
 @functools.lru_cache(maxsize=None)
@@ -81,9 +83,8 @@ def choose_tiling(kind: str, m: int, k: int, n: int, g: int, lhs_dtype, rhs_dtyp
         seen.add(tiles)
         if vmem(tiles, lhs_dtype, rhs_dtype, out_dtype) > TILE_VMEM_BUDGET:
             continue
-        tm, tk, tn = tiles
         key = (tiling_seconds(kind, m, k, n, g, tiles, lhs_dtype, rhs_dtype, out_dtype),
-               gmm_visits(m, g, tm) * -(-k // tk) * -(-n // tn), -tm)
+               _grid_steps(m, k, n, g, tiles), -tiles[0])
         if best is None or key < best[0]:
             best = (key, tiles)
     if best is None:

@@ -9,8 +9,8 @@ import os
 
 import pytest
 
-from pallas_kernels.cost import (attention_block_visits, flash_traffic, gmm_cost, gmm_traffic, tgmm_cost,
-                                 tgmm_traffic)
+from pallas_kernels.cost import (XLA_ROOFLINE, attention_block_visits, flash_traffic, gmm_cost, gmm_traffic,
+                                 tgmm_cost, tgmm_traffic)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -27,7 +27,7 @@ def test_gmm_reads_lhs_per_n_tile_and_rhs_per_visit_when_k_is_tiled():
     # tiles: m 4, k 2, n 3; visits 4 + 4 - 1 = 7; K tiled, so rhs's [K, N] block is fetched per visit
     t = gmm_traffic(m, k, n, g, (128, 128, 128), "bfloat16", "bfloat16", "float32")
     # every visit multiplies a whole [128, 256] x [256, 384] tile: 7 visits of 128 rows, not 512 rows
-    assert t["flops"] == 2 * 7 * 128 * 256 * 384 and t["useful_flops"] == 2 * 512 * 256 * 384
+    assert t["flops"] == 2 * 7 * 128 * 256 * 384 > 2 * 512 * 256 * 384   # more than the useful work
     assert t["bytes"] == 512 * 256 * 2 * 3 + 7 * 256 * 384 * 2 + 512 * 384 * 4
     # K in one tile: a group's block stays put across its visits, rhs read once
     t = gmm_traffic(m, k, n, g, (128, 256, 128), "bfloat16", "bfloat16", "float32")
@@ -145,7 +145,7 @@ def test_model_of_megablox_and_splash_calls():
 
 def test_one_model_swaps_self_reported_kernel_time_for_the_models():
     aot = _aot()
-    r = aot.XLA_ROOFLINE["v5p"]
+    r = XLA_ROOFLINE["v5p"]
     est = {"flops": 1e9, "bytes_accessed": 1e7, "transcendentals": 0.0}
     comp = {"status": "ok", "cost": {"optimal_seconds": 1.0, "flops": 1e12, "bytes_accessed": 1e11},
             "mosaic_calls": [_gmm_record(est)]}

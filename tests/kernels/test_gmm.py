@@ -204,9 +204,9 @@ def test_prequantized_experts_match_on_the_fly_quantization(quant):
 
 
 def test_chosen_tiling_fits_vmem_and_beats_the_fixed_tiles_on_pod_shapes():
-    """choose_tiling: within the VMEM budget, never slower (by its model) than the old fixed
-    (256, 512, 1024) tiles; on Qwen3-30B-A3B's FSDP shapes (256 rows per expert) whole K and N with
-    128-row tiles (fewer straddled rows, no re-read of the weights per visit)."""
+    """choose_tiling: within the VMEM budget and, on the pod shapes, faster by its model than the old
+    fixed (256, 512, 1024) tiles; on Qwen3-30B-A3B's FSDP shapes (256 rows per expert) whole K and N
+    with 128-row tiles (fewer straddled rows, no re-read of the weights per visit)."""
     from pallas_kernels.gmm import tpu as gt
     bf = jnp.dtype(jnp.bfloat16)
     shapes = [("gmm", 32768, 2048, 768, 128), ("gmm", 32768, 768, 2048, 128), ("tgmm", 32768, 2048, 768, 128),
@@ -217,8 +217,9 @@ def test_chosen_tiling_fits_vmem_and_beats_the_fixed_tiles_on_pod_shapes():
         assert vmem(tiles, bf, bf, bf) <= gt.TILE_VMEM_BUDGET
         assert tiles == gt._tiles(m, k, n, tiles)          # already clamped: the kernel runs these
         fixed = gt._tiles(m, k, n, gt.DEFAULT_TILING)
-        assert gt.tiling_seconds(kind, m, k, n, g, tiles, bf, bf, bf) <= \
-            gt.tiling_seconds(kind, m, k, n, g, fixed, bf, bf, bf)
+        if m > 1024:   # the pod shapes: the fixed tiles re-read the weights per visit or straddle more rows
+            assert gt.tiling_seconds(kind, m, k, n, g, tiles, bf, bf, bf) < \
+                0.9 * gt.tiling_seconds(kind, m, k, n, g, fixed, bf, bf, bf)
     assert gt.choose_tiling("gmm", 32768, 2048, 768, 128, bf, bf, bf) == (128, 2048, 768)
     # Kimi K2's expert up projection: whole K would not fit with whole N; the rule trades N tiles for it
     tm, tk, tn = gt.choose_tiling("gmm", 65536, 7168, 4096, 48, bf, bf, bf)
