@@ -79,6 +79,11 @@ def rl_defaults() -> ml_collections.ConfigDict:
     c.curriculum_strength = 0.0  # later in training upsample harder suites by (1 + s * progress * hardness)
     # --- learner ---
     c.router_replay = True  # force the sampler's recorded experts (gate scores still from the learner)
+    # Drop rows whose advantage is exactly 0 before the learner (all-equal groups; below-mean attempts
+    # under negative_advantage_scale 0): they add nothing to the gradient, and the loss keeps the whole
+    # batch's normalizer, so the update is unchanged. Needs kl_coef 0 (the KL penalty makes every
+    # row's advantage nonzero). Learner metrics and the MTP heads' distillation then see the kept rows.
+    c.skip_zero_advantage_rows = False
     c.noreplay_metrics = True  # one more no-gradient forward per step: the logprob mismatch without router replay
     c.replay_threshold = 0.0  # copied to model.replay_threshold: replace forced experts scoring < thr * own k-th
     c.length_bucket = 64  # learner batch padded length is a multiple of this (few compiles)
@@ -141,6 +146,9 @@ def validate_rl(r, model=None) -> None:
         raise ConfigError(f"rl.env must be one of {ENVS}, got {r.env!r}")
     if r.sync_dtype not in ("float32", "bfloat16"):
         raise ConfigError(f"rl.sync_dtype must be 'float32' or 'bfloat16', got {r.sync_dtype!r}")
+    if r.skip_zero_advantage_rows and r.kl_coef > 0:
+        raise ConfigError(f"rl.skip_zero_advantage_rows needs rl.kl_coef=0 (got {r.kl_coef}): the KL penalty "
+                          "gives every row a nonzero per-token advantage")
     if r.temperature <= 0:
         raise ConfigError("rl.temperature must be > 0 (the learner divides logits by it)")
     if r.suite_weights and len(r.suite_weights) != len(r.suites):

@@ -243,7 +243,8 @@ def rl_train_step(cfg, optimizer, state, ref_params, batch):
         mm, p99 = _mismatch(_from_micro(pre["own_logp"]), batch["behaviour_logp"], mask)
         metrics["logprob_mismatch_noreplay_mean"], metrics["logprob_mismatch_noreplay_p99"] = mm, p99
     n_seq = batch.get("num_sequences")
-    num_tokens = loss_token_count(mask, batch["truncated"], r)
+    # a batch without its zero-advantage rows carries the whole batch's loss-token count
+    num_tokens = batch["loss_tokens"] if "loss_tokens" in batch else loss_token_count(mask, batch["truncated"], r)
 
     mtp = trains_mtp(cfg)
 
@@ -287,7 +288,7 @@ def rl_train_step(cfg, optimizer, state, ref_params, batch):
         metrics["route_agreement"] = jnp.sum(agree_M) / jnp.maximum(jnp.sum(tok), 1)
     ref_logp = _from_micro(pre["ref_logp"]) if use_ref else None
     loss, lm = policy_loss(_from_micro(logp_M), batch["behaviour_logp"], _from_micro(adv_M), mask, r,
-                           batch["truncated"], ref_logp, n_seq)
+                           batch["truncated"], ref_logp, n_seq, num_tokens=num_tokens)
     if any(has_replaced):
         lm["replay_replaced_fraction"] = jnp.mean(replaced_M)
     if mtp:
@@ -433,18 +434,38 @@ class Learner:
 
     def make_batch(self, trajs, advantages_B, weights_B=None) -> dict:
         r = self.cfg.rl
+        row_bucket = r.prompts_per_step * r.group_size
+        if r.get("skip_zero_advantage_rows", False):
+            full = build_batch(trajs, advantages_B, r.length_bucket, weights_B,
+                               max_len=self.cfg.model.max_position_embeddings)
+            keep = np.flatnonzero(full["advantages"] != 0.0)
+            keep = keep if keep.size else np.arange(1)  # an all-zero batch still makes one (zero-gradient) step
+            loss_tokens = loss_token_count(full["loss_mask"], full["truncated"], r)
+            trajs = [trajs[i] for i in keep]
+            advantages_B = np.asarray(advantages_B)[keep]
+            weights_B = None if weights_B is None else np.asarray(weights_B)[keep]
+            # kept rows round up to micro-batches (not to the full batch), so a step compiles per multiple
+            row_bucket = max(int(r.micro_batch_rows), 1)
         order = balance_order([len(t.tokens_T) for t in trajs], r.data_shards)
         trajs = [trajs[i] for i in order]
         adv = np.asarray(advantages_B)[order]
         w = None if weights_B is None else np.asarray(weights_B)[order]
-        return build_batch(trajs, adv, r.length_bucket, w, self.num_moe_layers, self.top_k,
-                           max_len=self.cfg.model.max_position_embeddings,
-                           row_bucket=r.prompts_per_step * r.group_size, row_multiple=int(r.micro_batch_rows),
-                           length_multiple=self.length_multiple, row_divisor=self.rows_multiple)
+        b = build_batch(trajs, adv, r.length_bucket, w, self.num_moe_layers, self.top_k,
+                        max_len=self.cfg.model.max_position_embeddings,
+                        row_bucket=row_bucket, row_multiple=int(r.micro_batch_rows),
+                        length_multiple=self.length_multiple, row_divisor=self.rows_multiple)
+        if r.get("skip_zero_advantage_rows", False):
+            b["num_sequences"] = full["num_sequences"]
+            b["loss_tokens"] = np.float32(loss_tokens)
+            self.rows_skipped = int(full["num_sequences"]) - len(trajs)
+        return b
 
     def step(self, trajs, advantages_B, weights_B=None) -> dict:
+        self.rows_skipped = 0
         batch = self.make_batch(trajs, advantages_B, weights_B)
-        return self.step_batch(batch)
+        out = self.step_batch(batch)
+        out["rows_skipped"] = self.rows_skipped
+        return out
 
     def step_batch(self, batch) -> dict:
         """One step on a host batch (build_batch's dict)."""

@@ -169,6 +169,44 @@ def test_micro_batched_step_equals_whole_batch(micro, normalizer, overlong):
         np.testing.assert_allclose(b, a, rtol=1e-3, atol=1e-3 * scale)  # f32 rounding of p + u
 
 
+@pytest.mark.parametrize("normalizer", ["constant", "tokens"])
+def test_skipping_zero_advantage_rows_keeps_the_update(normalizer):
+    """rl.skip_zero_advantage_rows drops the rows whose advantage is exactly 0 (an all-equal group,
+    attempts clipped by negative_advantage_scale 0): the learner runs fewer rows and the update and
+    loss equal the whole batch's, because the loss keeps the whole batch's normalizer."""
+    cfg, params = setup(0.7)
+    trajs = rollouts(cfg, params, n=8)
+    adv = np.random.default_rng(3).normal(size=len(trajs)).astype(np.float32)
+    adv[[0, 3, 4, 7]] = 0.0
+    w = np.random.default_rng(4).uniform(0.5, 1.0, size=len(trajs)).astype(np.float32)
+    w[5] = 0.0   # a zero weight drops the row too
+    out = {}
+    for skip in (False, True):
+        c = load_config("configs/rl_tiny.py:toy", ["--config.rl.temperature=0.7", "--config.rl.micro_batch_rows=2",
+                                                  f"--config.rl.normalizer={normalizer}", "--config.rl.kl_coef=0.0",
+                                                  f"--config.rl.skip_zero_advantage_rows={skip}",
+                                                  # the MTP heads' distillation trains on every row it sees
+                                                  "--config.train.mtp_loss_weight=0.0",
+                                                  "--config.train.adam_eps=1.0"])  # ~SGD: updates follow the gradient
+        learner = Learner(c, params)
+        m = learner.step(trajs, adv, w)
+        out[skip] = (m, jax.device_get(learner.params))
+    (m0, p0), (m1, p1) = out[False], out[True]
+    assert m0["rows_skipped"] == 0 and m1["rows_skipped"] == 5
+    assert m1["micro_batches"] == 2 and m0["micro_batches"] == 4   # 3 kept rows pad to 2 micro-batches of 2
+    np.testing.assert_allclose(m1["loss"], m0["loss"], rtol=2e-5, atol=1e-8)
+    np.testing.assert_allclose(m1["grad_norm"], m0["grad_norm"], rtol=2e-5)
+    assert m0["grad_norm"] > 0
+    u0 = [np.asarray(a) - np.asarray(p) for a, p in zip(jax.tree.leaves(p0), jax.tree.leaves(params))]
+    u1 = [np.asarray(a) - np.asarray(p) for a, p in zip(jax.tree.leaves(p1), jax.tree.leaves(params))]
+    scale = max(float(np.abs(u).max()) for u in u0)
+    for a, b in zip(u0, u1):
+        np.testing.assert_allclose(b, a, rtol=1e-3, atol=1e-3 * scale)
+    from c2jax.config import ConfigError
+    with pytest.raises(ConfigError, match="skip_zero_advantage_rows needs rl.kl_coef=0"):
+        load_config("configs/rl_tiny.py:toy", ["--config.rl.skip_zero_advantage_rows=True", "--config.rl.kl_coef=0.1"])
+
+
 def test_micro_batch_rows_is_validated():
     from c2jax.config import ConfigError
     with pytest.raises(ConfigError, match="micro_batch_rows"):
