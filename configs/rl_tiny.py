@@ -61,7 +61,7 @@ def get_config(arg=None):
         # lr 2e-4 for 64 steps +0.012; lr 1.5e-4 on a cosine to 1.5e-5 over 60 steps +0.064):
         # experiments/results/rl_harness/learning.json. The learner skips the rows with zero
         # advantage (about half of them) and the no-replay metrics forward, which leaves the CPU to
-        # the sampler: 70 steps and one held-out eval at the end.
+        # the sampler: 70 steps and one held-out eval at the end (+0.055 in 51 minutes).
         updates.update({
             "rl.steps": 70, "rl.prompts_per_step": 16, "rl.eval_every": 0, "rl.eval_tasks": 128, "rl.eval_k": 4,
             "rl.eval_suites": ("synthetic:1",), "rl.suites": ("synthetic:1",), "rl.suite_weights": (),

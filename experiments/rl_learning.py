@@ -33,7 +33,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GOAL_CHANGE, GOAL_SE, GOAL_WALL_S = 0.08, 3.0, 3600.0
 STEP_KEYS = ("reward", "pass_rate", "groups_zero_spread", "groups_all_pass", "groups_all_fail", "kl_ref_k1",
-             "loss", "grad_norm", "batch_tokens", "learner_step_s")
+             "loss", "grad_norm", "batch_tokens", "learner_step_s", "learner_wait_s", "rows_skipped")
 
 
 def sft_dir(args) -> str:
