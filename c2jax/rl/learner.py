@@ -444,8 +444,9 @@ class Learner:
             trajs = [trajs[i] for i in keep]
             advantages_B = np.asarray(advantages_B)[keep]
             weights_B = None if weights_B is None else np.asarray(weights_B)[keep]
-            # kept rows round up to micro-batches (not to the full batch), so a step compiles per multiple
-            row_bucket = max(int(r.micro_batch_rows), 1)
+            # kept rows round up to micro-batches (else quarters of the full batch), not to the full
+            # batch: a step compiles once per multiple
+            row_bucket = int(r.micro_batch_rows) or -(-int(full["num_sequences"]) // 4)
         order = balance_order([len(t.tokens_T) for t in trajs], r.data_shards)
         trajs = [trajs[i] for i in order]
         adv = np.asarray(advantages_B)[order]
