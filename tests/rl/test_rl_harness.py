@@ -1,10 +1,10 @@
 """RL through the agent harness (synthetic:1 tasks, bubblewrap sandbox, multi-turn prefix
 reuse in the sampler): step-0 invariants on a random tiny model with the byte codec, and the
 opt-in learning test from the demo's CPT+SFT model (built in the test, or reused; the SFT
-stage alone took 18 minutes on a loaded 2-core machine; 60 RL steps of 16 prompts x 8 with three
-128 x 4 evals took 61 minutes more). It runs configs/rl_tiny.py:learning, the settings of
-experiments/rl_learning.py, and asserts that command's goal; the runs so far rose +0.041 to
-+0.061 in 40 steps and +0.072 +- 0.022 in 60, under it: see experiments/results/rl_harness/README.md.
+stage alone took 18 minutes on a loaded 2-core machine; 44 RL steps of 24 prompts x 8 with two
+128 x 4 evals took 53 minutes more). It runs configs/rl_tiny.py:learning, the settings of
+experiments/rl_learning.py, and asserts that command's goal; the one run at these settings rose
++0.080 +- 0.019, the runs at 16 prompts a step +0.037 to +0.072: see experiments/results/rl_harness/README.md.
 
     C2JAX_RL_LEARNING=1 pytest tests/rl/test_rl_harness.py -k learning -s
     C2JAX_RL_LEARNING=1 C2JAX_DEMO_CACHE=/tmp/c2jax_demo pytest ...   # keep/reuse the SFT model
