@@ -169,8 +169,8 @@ def test_micro_batched_step_equals_whole_batch(micro, normalizer, overlong):
         np.testing.assert_allclose(b, a, rtol=1e-3, atol=1e-3 * scale)  # f32 rounding of p + u
 
 
-@pytest.mark.parametrize("normalizer", ["constant", "tokens"])
-def test_skipping_zero_advantage_rows_keeps_the_update(normalizer):
+@pytest.mark.parametrize("normalizer,micro", [("constant", 2), ("tokens", 2), ("seq_len", 0)])
+def test_skipping_zero_advantage_rows_keeps_the_update(normalizer, micro):
     """rl.skip_zero_advantage_rows drops the rows whose advantage is exactly 0 (an all-equal group,
     attempts clipped by negative_advantage_scale 0): the learner runs fewer rows and the update and
     loss equal the whole batch's, because the loss keeps the whole batch's normalizer."""
@@ -182,7 +182,7 @@ def test_skipping_zero_advantage_rows_keeps_the_update(normalizer):
     w[5] = 0.0   # a zero weight drops the row too
     out = {}
     for skip in (False, True):
-        c = load_config("configs/rl_tiny.py:toy", ["--config.rl.temperature=0.7", "--config.rl.micro_batch_rows=2",
+        c = load_config("configs/rl_tiny.py:toy", ["--config.rl.temperature=0.7", f"--config.rl.micro_batch_rows={micro}",
                                                   f"--config.rl.normalizer={normalizer}", "--config.rl.kl_coef=0.0",
                                                   f"--config.rl.skip_zero_advantage_rows={skip}",
                                                   # the MTP heads' distillation trains on every row it sees
@@ -193,7 +193,10 @@ def test_skipping_zero_advantage_rows_keeps_the_update(normalizer):
         out[skip] = (m, jax.device_get(learner.params))
     (m0, p0), (m1, p1) = out[False], out[True]
     assert m0["rows_skipped"] == 0 and m1["rows_skipped"] == 5
-    assert m1["micro_batches"] == 2 and m0["micro_batches"] == 4   # 3 kept rows pad to 2 micro-batches of 2
+    if micro:   # 3 kept rows pad to 2 micro-batches of 2
+        assert m1["micro_batches"] == 2 and m0["micro_batches"] == 4
+    else:       # one step: the 3 kept rows round up to 4 (quarters of the 8-row batch)
+        assert m1["micro_batches"] == m0["micro_batches"] == 1 and m1["num_tokens"] < m0["num_tokens"]
     np.testing.assert_allclose(m1["loss"], m0["loss"], rtol=2e-5, atol=1e-8)
     np.testing.assert_allclose(m1["grad_norm"], m0["grad_norm"], rtol=2e-5)
     assert m0["grad_norm"] > 0
