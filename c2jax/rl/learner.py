@@ -435,18 +435,21 @@ class Learner:
     def make_batch(self, trajs, advantages_B, weights_B=None) -> dict:
         r = self.cfg.rl
         row_bucket = r.prompts_per_step * r.group_size
-        if r.get("skip_zero_advantage_rows", False):
-            full = build_batch(trajs, advantages_B, r.length_bucket, weights_B,
-                               max_len=self.cfg.model.max_position_embeddings)
-            keep = np.flatnonzero(full["advantages"] != 0.0)
+        skip = bool(r.get("skip_zero_advantage_rows", False))
+        if skip:
+            n_all = len(trajs)
+            # the whole batch's normalizers: build_batch's own mask (length clamp included) counts them
+            whole = build_batch(trajs, advantages_B, r.length_bucket, max_len=self.cfg.model.max_position_embeddings)
+            loss_tokens = loss_token_count(whole["loss_mask"], whole["truncated"], r)
+            adv_w = np.asarray(advantages_B, np.float32) * (1.0 if weights_B is None else np.asarray(weights_B))
+            keep = np.flatnonzero(adv_w != 0.0)
             keep = keep if keep.size else np.arange(1)  # an all-zero batch still makes one (zero-gradient) step
-            loss_tokens = loss_token_count(full["loss_mask"], full["truncated"], r)
             trajs = [trajs[i] for i in keep]
             advantages_B = np.asarray(advantages_B)[keep]
             weights_B = None if weights_B is None else np.asarray(weights_B)[keep]
             # kept rows round up to micro-batches (else quarters of the full batch), not to the full
             # batch: a step compiles once per multiple
-            row_bucket = int(r.micro_batch_rows) or -(-int(full["num_sequences"]) // 4)
+            row_bucket = int(r.micro_batch_rows) or -(-n_all // 4)
         order = balance_order([len(t.tokens_T) for t in trajs], r.data_shards)
         trajs = [trajs[i] for i in order]
         adv = np.asarray(advantages_B)[order]
@@ -455,17 +458,15 @@ class Learner:
                         max_len=self.cfg.model.max_position_embeddings,
                         row_bucket=row_bucket, row_multiple=int(r.micro_batch_rows),
                         length_multiple=self.length_multiple, row_divisor=self.rows_multiple)
-        if r.get("skip_zero_advantage_rows", False):
-            b["num_sequences"] = full["num_sequences"]
+        if skip:
+            b["num_sequences"] = np.float32(n_all)
             b["loss_tokens"] = np.float32(loss_tokens)
-            self.rows_skipped = int(full["num_sequences"]) - len(trajs)
         return b
 
     def step(self, trajs, advantages_B, weights_B=None) -> dict:
-        self.rows_skipped = 0
         batch = self.make_batch(trajs, advantages_B, weights_B)
         out = self.step_batch(batch)
-        out["rows_skipped"] = self.rows_skipped
+        out["rows_skipped"] = len(trajs) - int(np.sum(batch["segment_ids"].any(axis=1)))
         return out
 
     def step_batch(self, batch) -> dict:
