@@ -56,7 +56,8 @@ def paired_change(before, after) -> dict:
     se = float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else float("nan")
     change = float(d.mean())
     within = not math.isfinite(se) or change == 0.0 or abs(change) < 2 * se
-    return {"change": change, "se": _num(se), "tasks": len(d), "within_noise": bool(within)}
+    in_se = change / se if math.isfinite(se) and se > 0 else None
+    return {"change": change, "se": _num(se), "change_in_se": in_se, "tasks": len(d), "within_noise": bool(within)}
 
 
 def _stage_figures(summary, rows):
@@ -130,7 +131,8 @@ def rl_sentence(rep: dict) -> str:
             f"change {c['change']:+.3f} +- {c['se']:.3f} (paired standard error over {c['tasks']} tasks)")
     if c["within_noise"]:
         return f"RL: {base}; within noise (|change| < 2 standard errors): this run shows no measurable effect of RL."
-    return f"RL: {base}; a {'rise' if c['change'] > 0 else 'drop'} of more than 2 standard errors."
+    size = "" if c.get("change_in_se") is None else f" of {abs(c['change_in_se']):.1f} standard errors"
+    return f"RL: {base}; a {'rise' if c['change'] > 0 else 'drop'}{size} (more than 2: beyond noise)."
 
 
 def _paths(d: dict) -> str:
@@ -151,13 +153,15 @@ def render_markdown(rep: dict) -> str:
            f"held-out evaluation of the tiny MoE model. Total wall time {_f(w.get('total'), '{:.0f}')} s.", "",
            "## What ran", "", "| stage | size | wall time (s) | command |", "|---|---|---|---|"]
     t = rep.get("transcripts") or {}
-    cmds = rep.get("commands", {})
+    cmds, shape = rep.get("commands", {}), rep.get("rl_shape") or {}
     rows = [("CPT", f"{_f((rep.get('cpt') or {}).get('steps'), '{:.0f}')} steps (configs/stages/cpt.py:tiny)",
              "cpt", cmds.get("cpt", "")),
             ("oracle transcripts", f"{s.get('transcripts')} train tasks, {t.get('kept')} kept", "transcripts",
              "c2jax.pipeline.write_oracle_transcripts"),
             ("SFT", f"{s.get('sft_steps')} steps x 8 rows x 768 tokens", "sft", cmds.get("sft", "")),
-            ("RL", f"{s.get('rl_steps')} steps x 8 prompts x 8 attempts (configs/rl_tiny.py)", "rl", cmds.get("rl", "")),
+            ("RL", f"{s.get('rl_steps')} steps x {shape.get('prompts_per_step', '?')} prompts x "
+                   f"{shape.get('group_size', '?')} attempts ({shape.get('config', s.get('rl_config'))})", "rl",
+             cmds.get("rl", "")),
             ("held-out eval", f"{s.get('eval_tasks')} tasks x {s.get('eval_passes')} attempts, SFT and RL models, "
              f"temperature {rep.get('temperature')}", "eval", "c2jax.pipeline.evaluate_run")]
     for name, size, key, c in rows:
@@ -199,8 +203,9 @@ def render_markdown(rep: dict) -> str:
             "- per-run metrics: `metrics.jsonl` and `summary.json` in each run directory",
             "- evaluation reports: " + _paths(p["eval_reports"]),
             "", "## What to try next", "",
-            f"- the longer setting: `python -m c2jax demo --full --workdir {rep['workdir']}_full` (more SFT and RL "
-            "steps; about 25 minutes on 2 CPU cores)",
+            f"- the longer setting: `python -m c2jax demo --full --workdir {rep['workdir']}_full` (the RL recipe of "
+            "configs/rl_tiny.py:learning, 24 prompts x 8 for 44 steps, and 128 held-out tasks x 4; about 65 minutes on "
+            "2 CPU cores)",
             "- more RL from this SFT model: `python -m c2jax rl --config configs/rl_tiny.py --workdir runs/rl "
             f"--config.train.init_from={os.path.join(rep['workdir'], 'sft')} --config.rl.steps=40`",
             "- a bigger model or other stage settings: `configs/tiny.py`, `configs/stages/cpt.py`, "

@@ -205,22 +205,24 @@ class DemoSizes:
     """One demo setting: oracle transcripts for SFT, SFT steps, RL steps, held-out eval size."""
     transcripts: int      # oracle episodes on synthetic:1 train tasks (~100 s for 4096)
     sft_steps: int        # 8 rows x 768 tokens (two ~300-token transcripts per row)
-    rl_steps: int         # learner steps of configs/rl_tiny.py (8 prompts x 8 attempts each)
+    rl_steps: int         # learner steps of rl_config
     eval_tasks: int       # held-out synthetic:1 tasks, the same ones before and after RL
     eval_passes: int      # attempts per task (pass@1 is their mean; best-of-K uses all)
+    rl_config: str = "configs/rl_tiny.py"  # the RL settings (prompts per step, group size, lr, ...)
 
 
 # Distinct transcripts and steps both matter: 1024 transcripts x 300 steps gave held-out pass@1
 # 0.03 (32 tasks x 4, temperature 0.7); 4096 x 350 steps 0.16 (32 x 1), x 600 steps 0.35 (32 x 4).
 # With less, the model miscopied the line to replace; now its errors are in the replacement line.
-# "default" keeps the 600 SFT steps the model needs to learn the task (400 steps, on 2 cores shared
-# with a test run: held-out pass@1 0.070 +- 0.030 on 32 x 4, in 2240 s) and cuts RL to 8 steps;
-# from the full run's stage times (CPT 2, SFT 10, RL 40 steps 11 min, evals) that is about 17
-# minutes on 2 idle cores, not yet measured. "full" is the longer run (about 25 minutes).
+# "default" keeps the 600 SFT steps the model needs to learn the task and cuts RL to 8 steps of 8
+# prompts (about 14 minutes on 2 idle cores, setup included). "full" runs the RL recipe that
+# measurably lifts this SFT model (configs/rl_tiny.py:learning, 24 prompts x 8 for 44 steps,
+# experiments/results/rl_harness) and evaluates on 128 held-out tasks x 4: about 65 minutes.
 DEMO_SIZES = {
     "quick": DemoSizes(transcripts=512, sft_steps=120, rl_steps=2, eval_tasks=8, eval_passes=2),
     "default": DemoSizes(transcripts=4096, sft_steps=600, rl_steps=8, eval_tasks=32, eval_passes=4),
-    "full": DemoSizes(transcripts=4096, sft_steps=600, rl_steps=40, eval_tasks=32, eval_passes=4),
+    "full": DemoSizes(transcripts=4096, sft_steps=600, rl_steps=44, eval_tasks=128, eval_passes=4,
+                      rl_config="configs/rl_tiny.py:learning"),
 }
 DEMO_STAGES = 5
 # Share of the demo's SFT transcripts whose first edit miscopies its `old` text and recovers from
@@ -299,15 +301,16 @@ def run_demo(workdir: str, overrides=(), mode: str = "default") -> int:
     # evals (rl.eval_every) would repeat it on fewer tasks.
     rl_over = [f"--config.train.init_from={sft_dir}", f"--config.rl.steps={sizes.rl_steps}",
                "--config.rl.eval_every=-1", *overrides]
-    _stage(4, f"RL (async, Dr. GRPO, router replay; {sizes.rl_steps} steps)")
-    rl_dir = None
+    _stage(4, f"RL (async, Dr. GRPO, router replay; {sizes.rl_steps} steps of {sizes.rl_config})")
+    rl_dir, rl_shape = None, {"config": sizes.rl_config}
     t = time.time()
     try:
         from c2jax.rl.loop import run_rl
-        rl_cfg = load_config("configs/rl_tiny.py", rl_over)
+        rl_cfg = load_config(sizes.rl_config, rl_over)
+        rl_shape.update(prompts_per_step=rl_cfg.rl.prompts_per_step, group_size=rl_cfg.rl.group_size)
         rl_dir = os.path.join(workdir, "rl")
         run_rl(rl_cfg, rl_dir)
-        commands["rl"] = f"python -m c2jax rl --config configs/rl_tiny.py --workdir {rl_dir} {' '.join(rl_over)}"
+        commands["rl"] = f"python -m c2jax rl --config {sizes.rl_config} --workdir {rl_dir} {' '.join(rl_over)}"
     except ImportError as e:
         print(f"RL stage not available in this build ({e}); evaluating the SFT model only", flush=True)
     timings["rl"] = time.time() - t
@@ -324,7 +327,7 @@ def run_demo(workdir: str, overrides=(), mode: str = "default") -> int:
     timings["total"] = time.time() - t0
     print("\n" + stage_table(cpt, sft) + "\n\n" + eval_table(rows), flush=True)
     report = write_demo_report(workdir, {
-        "mode": mode, "sizes": dataclasses.asdict(sizes), "overrides": list(overrides), "commands": commands,
+        "mode": mode, "sizes": dataclasses.asdict(sizes), "rl_shape": rl_shape, "overrides": list(overrides), "commands": commands,
         "wall_s": timings, "transcripts": built["transcripts"], "temperature": TEMPERATURE})
     print(f"\n{report['rl_summary_line']}", flush=True)
     print(f"\ndemo finished in {timings['total']:.0f} s; report: {os.path.join(workdir, 'report.md')} "

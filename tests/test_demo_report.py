@@ -55,7 +55,9 @@ def _synthetic_demo(tmp_path, rng, n_tasks=24, k=4):
     _write_eval(os.path.join(wd, "eval_sft"), before)
     _write_eval(os.path.join(wd, "eval_rl"), after)
     info = {"mode": "default", "sizes": {"transcripts": 64, "sft_steps": 100, "rl_steps": 8, "eval_tasks": n_tasks,
-                                         "eval_passes": k},
+                                         "eval_passes": k, "rl_config": "configs/rl_tiny.py"},
+            "rl_shape": {"config": "configs/rl_tiny.py", "prompts_per_step": int(rng.integers(2, 40)),
+                         "group_size": int(rng.integers(2, 16))},
             "overrides": [], "commands": {"cpt": "python -m c2jax pretrain", "sft": "python -m c2jax sft",
                                           "rl": "python -m c2jax rl"},
             "wall_s": {k: float(rng.uniform(1, 500)) for k in ("cpt", "transcripts", "sft", "rl", "eval", "total")},
@@ -103,6 +105,10 @@ def test_report_and_plots_from_synthetic_runs(tmp_path):
                 f"{js['cpt']['heldout_loss_first']:.3f} -> {js['cpt']['heldout_loss_last']:.3f}"):
         assert fig in md, fig
     assert ("within noise" in md) == c["within_noise"]
+    if not c["within_noise"]:
+        assert f"of {abs(c['change'] / c['se']):.1f} standard errors" in md
+    shape = info["rl_shape"]
+    assert f"8 steps x {shape['prompts_per_step']} prompts x {shape['group_size']} attempts (configs/rl_tiny.py)" in md
     for p in (*js["paths"]["checkpoints"].values(), *js["paths"]["tensorboard"].values()):
         assert f"`{p}`" in md
     assert "--full" in md and "configs/rl_tiny.py" in md
@@ -118,6 +124,11 @@ def test_paired_change_and_noise():
     assert c["within_noise"] == (abs(d.mean()) < 2 * c["se"])
     assert not demo_report.paired_change([0.0] * 10, [0.5, 0.6] * 5)["within_noise"]
     assert demo_report.paired_change([0.5] * 10, [0.5] * 10)["within_noise"]
+    assert np.isclose(c["change_in_se"], d.mean() / c["se"])
+    flat = demo_report.paired_change([0.25] * 6, [0.5] * 6)  # every task up by the same amount: zero spread
+    assert not flat["within_noise"] and flat["change_in_se"] is None
+    rep = {"rl_change": flat, "heldout": {"sft": {"pass_at_1": 0.25}, "rl": {"pass_at_1": 0.5}}}
+    assert "a rise (more than 2: beyond noise)" in demo_report.rl_sentence(rep)
     assert demo_report.paired_change([0.0, 1.0] * 5, [1.0, 0.0] * 5)["within_noise"]
 
 
