@@ -59,9 +59,9 @@ def get_config(arg=None):
         # Bug fixes only, attempts above their group's mean reinforced (rl.negative_advantage_scale 0),
         # no KL anchor, lr 1e-4, one held-out eval at the end. The learner skips the rows with zero
         # advantage (over half of them) and the no-replay metrics forward, which leaves the CPU to the
-        # sampler. 24 prompts a step for 44 steps rose +0.080 (4.2 SE) in 49 minutes; 16 a step rose
-        # +0.037 to +0.072 over 40-70 steps (lr 2e-4: +0.012; a cosine from 1.5e-4: +0.064):
-        # experiments/results/rl_harness/learning.json.
+        # sampler. 24 prompts a step for 44 steps rose +0.080 (4.2 SE) in 49 minutes and, rerun,
+        # +0.061 (3.3 SE) in 47; 16 a step rose +0.037 to +0.072 over 40-70 steps (lr 2e-4: +0.012;
+        # a cosine from 1.5e-4: +0.064): experiments/results/rl_harness/learning.json.
         updates.update({
             "rl.steps": 44, "rl.prompts_per_step": 24, "rl.eval_every": 0, "rl.eval_tasks": 128, "rl.eval_k": 4,
             "rl.eval_suites": ("synthetic:1",), "rl.suites": ("synthetic:1",), "rl.suite_weights": (),

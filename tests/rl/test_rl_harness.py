@@ -3,8 +3,8 @@ reuse in the sampler): step-0 invariants on a random tiny model with the byte co
 opt-in learning test from the demo's CPT+SFT model (built in the test, or reused; the SFT
 stage alone took 18 minutes on a loaded 2-core machine; 44 RL steps of 24 prompts x 8 with two
 128 x 4 evals took 53 minutes more). It runs configs/rl_tiny.py:learning, the settings of
-experiments/rl_learning.py, and asserts that command's goal; the one run at these settings rose
-+0.080 +- 0.019, the runs at 16 prompts a step +0.037 to +0.072: see experiments/results/rl_harness/README.md.
+experiments/rl_learning.py, and asserts that command's goal; the two runs at these settings rose
++0.080 and +0.061 (+- 0.019), the runs at 16 prompts a step +0.037 to +0.072: see experiments/results/rl_harness/README.md.
 
     C2JAX_RL_LEARNING=1 pytest tests/rl/test_rl_harness.py -k learning -s
     C2JAX_RL_LEARNING=1 C2JAX_DEMO_CACHE=/tmp/c2jax_demo pytest ...   # keep/reuse the SFT model
