@@ -8,6 +8,9 @@ access runs with the filesystem uid of the tree's owner.
 from __future__ import annotations
 
 import difflib
+import functools
+import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -28,7 +31,8 @@ class Workspace:
 
     @classmethod
     def create(cls, task: Any, base_dir: Path | None = None, sandbox: Any = None) -> Workspace:
-        root = Path(tempfile.mkdtemp(prefix=f"c2jax-ws-{_safe(task.task_id)}-", dir=base_dir))
+        _sweep_once(str(base_dir or tempfile.gettempdir()))
+        root = Path(tempfile.mkdtemp(prefix=f"{_owner_prefix()}{_safe(task.task_id)}-", dir=base_dir))
         path = root / "repo"
         path.mkdir()
         mounted = sandbox.mount_quota(path) if sandbox is not None and hasattr(sandbox, "mount_quota") else False
@@ -90,6 +94,59 @@ def count_changed_lines(diff: str) -> int:
     """Lines added plus lines removed in a unified diff (file headers not counted)."""
     return sum(1 for line in diff.splitlines()
                if line[:1] in "+-" and not line.startswith(("+++", "---")))
+
+
+# A workspace's name carries its process (pid namespace and pid), so a later process can remove
+# what a killed one (SIGKILL, the OOM killer: no atexit) left behind, tmpfs quota mounts included.
+_OWNED = re.compile(r"^c2jax-ws-(\d+)-(\d+)-")
+
+
+def _pid_namespace() -> int:
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
+def _owner_prefix() -> str:
+    return f"c2jax-ws-{_pid_namespace()}-{os.getpid()}-"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_stale_workspaces(base_dir: str) -> int:
+    """Removes the workspaces under base_dir whose process (in this pid namespace) is gone,
+    unmounting a quota tmpfs left on one first; returns how many were removed."""
+    ns, removed = _pid_namespace(), 0
+    try:
+        names = os.listdir(base_dir)
+    except OSError:
+        return 0
+    for name in names:
+        m = _OWNED.match(name)
+        if not m or int(m.group(1)) != ns or _alive(int(m.group(2))):
+            continue
+        root = os.path.join(base_dir, name)
+        repo = os.path.join(root, "repo")
+        if os.path.ismount(repo):
+            from c2jax.agent.sandbox import Sandbox
+            Sandbox.unmount_quota(Path(repo))
+        shutil.rmtree(root, ignore_errors=True)
+        removed += not os.path.exists(root)
+    return removed
+
+
+@functools.lru_cache(maxsize=None)
+def _sweep_once(base_dir: str) -> int:
+    return sweep_stale_workspaces(base_dir)
 
 
 def _safe(s: str) -> str:
