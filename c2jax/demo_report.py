@@ -202,12 +202,14 @@ def render_markdown(rep: dict) -> str:
             "- TensorBoard: `tensorboard --logdir " + rep["workdir"] + "` (event files in " + _paths(p["tensorboard"]) + ")",
             "- per-run metrics: `metrics.jsonl` and `summary.json` in each run directory",
             "- evaluation reports: " + _paths(p["eval_reports"]),
-            "", "## What to try next", "",
-            f"- the longer setting: `python -m c2jax demo --full --workdir {rep['workdir']}_full` (the RL recipe of "
-            "configs/rl_tiny.py:learning, 24 prompts x 8 for 44 steps, and 128 held-out tasks x 4; about 65 minutes on "
-            "2 CPU cores)",
-            "- more RL from this SFT model: `python -m c2jax rl --config configs/rl_tiny.py --workdir runs/rl "
-            f"--config.train.init_from={os.path.join(rep['workdir'], 'sft')} --config.rl.steps=40`",
+            "", "## What to try next", ""]
+    if rep.get("mode") != "full":
+        out.append(f"- the longer setting: `python -m c2jax demo --full --workdir {rep['workdir']}_full` (the RL "
+                   "recipe of configs/rl_tiny.py:learning, 24 prompts x 8 for 44 steps, and 128 held-out tasks x 4; "
+                   "about 65 minutes on 2 CPU cores)")
+    out += ["- the learning goal's command from this SFT model: `python experiments/rl_learning.py --sft "
+            f"{os.path.join(rep['workdir'], 'sft')} --workdir runs/rl_learning` (RL, then pass@1 before and after on "
+            "128 held-out tasks x 4, into experiments/results/rl_harness/learning.json)",
             "- a bigger model or other stage settings: `configs/tiny.py`, `configs/stages/cpt.py`, "
             "`configs/stages/sft.py`, `configs/rl_tiny.py` (any key can be overridden with `--config.KEY=VALUE`)",
             "- sizes of each demo setting: `DEMO_SIZES` in `c2jax/pipeline.py`"]

@@ -112,6 +112,9 @@ def test_report_and_plots_from_synthetic_runs(tmp_path):
     for p in (*js["paths"]["checkpoints"].values(), *js["paths"]["tensorboard"].values()):
         assert f"`{p}`" in md
     assert "--full" in md and "configs/rl_tiny.py" in md
+    full_md = demo_report.render_markdown({**js, "mode": "full"})
+    assert f"demo --workdir {wd} --full` (full setting)" in full_md  # the command that ran
+    assert "- the longer setting" not in full_md and "experiments/rl_learning.py --sft" in full_md
 
 
 def test_paired_change_and_noise():
