@@ -131,8 +131,8 @@ def rl_sentence(rep: dict) -> str:
             f"change {c['change']:+.3f} +- {c['se']:.3f} (paired standard error over {c['tasks']} tasks)")
     if c["within_noise"]:
         return f"RL: {base}; within noise (|change| < 2 standard errors): this run shows no measurable effect of RL."
-    size = "" if c.get("change_in_se") is None else f" of {abs(c['change_in_se']):.1f} standard errors"
-    return f"RL: {base}; a {'rise' if c['change'] > 0 else 'drop'}{size} (more than 2: beyond noise)."
+    size = "" if c.get("change_in_se") is None else f" ({c['change_in_se']:+.1f} standard errors)"
+    return f"RL: {base}; a {'rise' if c['change'] > 0 else 'drop'}{size}, more than 2 standard errors: beyond noise."
 
 
 def _paths(d: dict) -> str:

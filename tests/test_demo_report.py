@@ -106,7 +106,7 @@ def test_report_and_plots_from_synthetic_runs(tmp_path):
         assert fig in md, fig
     assert ("within noise" in md) == c["within_noise"]
     if not c["within_noise"]:
-        assert f"of {abs(c['change'] / c['se']):.1f} standard errors" in md
+        assert f"({c['change'] / c['se']:+.1f} standard errors)" in md
     shape = info["rl_shape"]
     assert f"8 steps x {shape['prompts_per_step']} prompts x {shape['group_size']} attempts (configs/rl_tiny.py)" in md
     for p in (*js["paths"]["checkpoints"].values(), *js["paths"]["tensorboard"].values()):
@@ -128,10 +128,13 @@ def test_paired_change_and_noise():
     assert not demo_report.paired_change([0.0] * 10, [0.5, 0.6] * 5)["within_noise"]
     assert demo_report.paired_change([0.5] * 10, [0.5] * 10)["within_noise"]
     assert np.isclose(c["change_in_se"], d.mean() / c["se"])
+    drop = demo_report.paired_change(before, np.clip(before - rng.uniform(0.2, 0.6, 40), 0, 1))
+    line = demo_report.rl_sentence({"rl_change": drop, "heldout": {"sft": {"pass_at_1": 0.5}, "rl": {"pass_at_1": 0.2}}})
+    assert not drop["within_noise"] and f"a drop ({drop['change_in_se']:+.1f} standard errors)" in line
     flat = demo_report.paired_change([0.25] * 6, [0.5] * 6)  # every task up by the same amount: zero spread
     assert not flat["within_noise"] and flat["change_in_se"] is None
     rep = {"rl_change": flat, "heldout": {"sft": {"pass_at_1": 0.25}, "rl": {"pass_at_1": 0.5}}}
-    assert "a rise (more than 2: beyond noise)" in demo_report.rl_sentence(rep)
+    assert "a rise, more than 2 standard errors: beyond noise" in demo_report.rl_sentence(rep)
     assert demo_report.paired_change([0.0, 1.0] * 5, [1.0, 0.0] * 5)["within_noise"]
 
 
