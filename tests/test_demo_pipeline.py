@@ -115,10 +115,11 @@ def test_demo_settings_nest_and_the_cli_picks_one():
     from c2jax.cli import _parse
     sizes = pipeline.DEMO_SIZES
     assert set(sizes) == {"quick", "default", "full"}
+    counts = [f.name for f in dataclasses.fields(pipeline.DemoSizes) if f.type in (int, "int")]
+    assert set(counts) == {"transcripts", "sft_steps", "rl_steps", "eval_tasks", "eval_passes"}
     for small, big in (("quick", "default"), ("default", "full")):
-        for f in dataclasses.fields(pipeline.DemoSizes):
-            if f.type in (int, "int"):
-                assert getattr(sizes[small], f.name) <= getattr(sizes[big], f.name), (small, big, f.name)
+        for name in counts:
+            assert getattr(sizes[small], name) <= getattr(sizes[big], name), (small, big, name)
     # --full runs the committed learning recipe on the held-out size its goal is measured on
     full = sizes["full"]
     assert full.rl_config == "configs/rl_tiny.py:learning" and full.eval_tasks >= 128 and full.eval_passes >= 4
