@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import threading
 import time
 
 from c2jax.agent import chat_format as cf
@@ -178,9 +179,27 @@ def model_policy_factory(cfg, params, tokenizer, *, max_len: int = 2048, tempera
     return (lambda task: SamplerPolicy(harness)), harness
 
 
+def batched_policy_factory(cfg, params, *, max_len: int = 2048, temperature: float = 1.0, seed: int = 0,
+                           slots: int = 16):
+    """A policy factory whose episodes share one continuous-batching sampler (the RL loop's
+    SamplerService): run `slots` episodes on threads and their turns decode together. An episode's
+    requests are keyed by its task id and its pass of that task, so a rerun samples the same tokens.
+    Returns (factory, service); call service.stop() when done."""
+    from c2jax.rl.rollout import EpisodeSampler, SamplerService
+    service = SamplerService(cfg, params, 0, max_batch=slots, max_len=max_len)
+    lock, passes_seen = threading.Lock(), {}
+
+    def factory(task):
+        with lock:
+            n = passes_seen[task.task_id] = passes_seen.get(task.task_id, -1) + 1
+        return SamplerPolicy(EpisodeSampler(service, f"eval/{task.task_id}/{n}", seed, temperature))
+    return factory, service
+
+
 def evaluate_run(run_dir: str, out_dir: str, *, suites=("synthetic:1",), n_tasks: int = 16, passes: int = 4,
-                 temperature: float = 1.0, seed: int = 0, params=None, cfg=None) -> dict:
-    """pass@1 (mean over passes) and best-of-K of a trained run's model on held-out tasks."""
+                 temperature: float = 1.0, seed: int = 0, params=None, cfg=None, slots: int = 16) -> dict:
+    """pass@1 (mean over passes) and best-of-K of a trained run's model on held-out tasks, `slots`
+    episodes at a time through one batched sampler (as the RL loop's held-out eval)."""
     from c2jax.evals.benchmark import run_benchmark
     from c2jax.tasks import load_suite
     from c2jax.train.loop import load_run_config, load_run_params
@@ -189,10 +208,14 @@ def evaluate_run(run_dir: str, out_dir: str, *, suites=("synthetic:1",), n_tasks
     tokenizer = Tokenizer.load(run_dir)
     if params is None:
         params = load_run_params(run_dir, cfg)
-    factory, _ = model_policy_factory(cfg, params, tokenizer, temperature=temperature, seed=seed)
+    factory, service = batched_policy_factory(cfg, params, temperature=temperature, seed=seed, slots=slots)
     tasks = {s: load_suite(s, "heldout", n=n_tasks, seed=seed) for s in suites}
-    return run_benchmark(tasks, factory, passes, tokenizer=tokenizer, sandbox=Sandbox(), config=episode_config(),
-                         out_dir=out_dir, active_params=None, concurrency=1, policy_name=os.path.basename(run_dir))
+    try:
+        return run_benchmark(tasks, factory, passes, tokenizer=tokenizer, sandbox=Sandbox(), config=episode_config(),
+                             out_dir=out_dir, active_params=None, concurrency=slots,
+                             policy_name=os.path.basename(run_dir))
+    finally:
+        service.stop()
 
 
 def _suite_row(report: dict, suite: str) -> dict:
