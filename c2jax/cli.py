@@ -54,7 +54,7 @@ def _eval(cfg, workdir) -> int:
     factory = tokenizer = None
     if cfg.eval.policy == "model":
         from c2jax.data.tokenizer import Tokenizer
-        from c2jax.pipeline import model_policy_factory
+        from c2jax.pipeline import batched_policy_factory
         from c2jax.train.loop import load_run_config, load_run_params
         if not cfg.eval.model_run:
             from c2jax.config import ConfigError
@@ -67,10 +67,14 @@ def _eval(cfg, workdir) -> int:
             raise ConfigError(f"eval.speculative={cfg.eval.speculative!r}: use 'auto', 'none', or 'mtp' for a model "
                               f"with MTP heads (this run's model.num_mtp_layers={run_cfg.model.num_mtp_layers})")
         tokenizer = Tokenizer.load(cfg.eval.model_run)
-        factory, _ = model_policy_factory(run_cfg, load_run_params(cfg.eval.model_run, run_cfg), tokenizer,
-                                          temperature=cfg.eval.temperature, seed=cfg.seed,
-                                          speculative=cfg.eval.speculative)
-    report = main_eval(cfg, workdir, policy_factory=factory, tokenizer=tokenizer)
+        factory, service = batched_policy_factory(run_cfg, load_run_params(cfg.eval.model_run, run_cfg),
+                                                  temperature=cfg.eval.temperature, seed=cfg.seed,
+                                                  slots=cfg.eval.concurrency, speculative=cfg.eval.speculative)
+    try:
+        report = main_eval(cfg, workdir, policy_factory=factory, tokenizer=tokenizer)
+    finally:
+        if factory is not None:
+            service.stop()
     print(render_markdown(report))
     return 0
 

@@ -180,13 +180,13 @@ def model_policy_factory(cfg, params, tokenizer, *, max_len: int = 2048, tempera
 
 
 def batched_policy_factory(cfg, params, *, max_len: int = 2048, temperature: float = 1.0, seed: int = 0,
-                           slots: int = 16):
+                           slots: int = 16, speculative: str = "auto"):
     """A policy factory whose episodes share one continuous-batching sampler (the RL loop's
     SamplerService): run `slots` episodes on threads and their turns decode together. An episode's
     requests are keyed by its task id and its pass of that task, so a rerun samples the same tokens.
-    Returns (factory, service); call service.stop() when done."""
+    speculative: see Sampler. Returns (factory, service); call service.stop() when done."""
     from c2jax.rl.rollout import EpisodeSampler, SamplerService
-    service = SamplerService(cfg, params, 0, max_batch=slots, max_len=max_len)
+    service = SamplerService(cfg, params, 0, max_batch=slots, max_len=max_len, speculative=speculative)
     lock, passes_seen = threading.Lock(), {}
 
     def factory(task):
