@@ -67,8 +67,10 @@ def _eval(cfg, workdir) -> int:
             raise ConfigError(f"eval.speculative={cfg.eval.speculative!r}: use 'auto', 'none', or 'mtp' for a model "
                               f"with MTP heads (this run's model.num_mtp_layers={run_cfg.model.num_mtp_layers})")
         tokenizer = Tokenizer.load(cfg.eval.model_run)
+        max_len = int(cfg.eval.sampler_max_len)
+        cfg.eval.max_total_tokens = min(int(cfg.eval.max_total_tokens), max_len - 1)  # what the sampler can hold
         factory, service = batched_policy_factory(run_cfg, load_run_params(cfg.eval.model_run, run_cfg),
-                                                  temperature=cfg.eval.temperature, seed=cfg.seed,
+                                                  max_len=max_len, temperature=cfg.eval.temperature, seed=cfg.seed,
                                                   slots=cfg.eval.concurrency, speculative=cfg.eval.speculative)
     try:
         report = main_eval(cfg, workdir, policy_factory=factory, tokenizer=tokenizer)

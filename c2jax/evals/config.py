@@ -23,6 +23,7 @@ def eval_defaults():
     e.active_params = 0.0              # active parameters for the FLOPs estimate (0: omit)
     e.model_run = ""                   # run directory whose model is evaluated when policy == "model"
     e.temperature = 1.0                # sampling temperature of the model policy
+    e.sampler_max_len = 2048           # the model policy's KV-cache length per episode; caps max_total_tokens
     e.speculative = "auto"             # MTP speculative decoding of the model policy: "auto" | "mtp" | "none" (Sampler)
     return e
 
