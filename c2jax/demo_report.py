@@ -163,7 +163,8 @@ def render_markdown(rep: dict) -> str:
                    f"{shape.get('group_size', '?')} attempts ({shape.get('config', s.get('rl_config'))})", "rl",
              cmds.get("rl", "")),
             ("held-out eval", f"{s.get('eval_tasks')} tasks x {s.get('eval_passes')} attempts, SFT and RL models, "
-             f"temperature {rep.get('temperature')}", "eval", "c2jax.pipeline.evaluate_run")]
+             f"temperature {rep.get('temperature')}{_episode_limits(rep.get('eval_episode'))}", "eval",
+             "c2jax.pipeline.evaluate_run")]
     for name, size, key, c in rows:
         out.append(f"| {name} | {size} | {_f(w.get(key), '{:.0f}')} | {'`' + c + '`' if c else ''} |")
     out += ["", "## Figures", "", "| stage | held-out loss (first -> last) | codebase perplexity | train loss (first -> last) |",
@@ -259,6 +260,13 @@ def write_plots(workdir: str, rep: dict) -> None:
     fig.tight_layout()
     fig.savefig(os.path.join(workdir, PLOTS["pass_at_1"]), dpi=100)
     plt.close(fig)
+
+
+def _episode_limits(ep: dict | None) -> str:
+    """', at most T turns of N tokens, B in all' for the eval row (reports written before it: '')."""
+    if not ep:
+        return ""
+    return f", at most {ep['max_turns']} turns of {ep['max_new_tokens']} tokens, {ep['max_total_tokens']} in all"
 
 
 def write_demo_report(workdir: str, info: dict) -> dict:

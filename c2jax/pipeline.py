@@ -197,9 +197,11 @@ def batched_policy_factory(cfg, params, *, max_len: int = 2048, temperature: flo
 
 
 def evaluate_run(run_dir: str, out_dir: str, *, suites=("synthetic:1",), n_tasks: int = 16, passes: int = 4,
-                 temperature: float = 1.0, seed: int = 0, params=None, cfg=None, slots: int = 16) -> dict:
+                 temperature: float = 1.0, seed: int = 0, params=None, cfg=None, slots: int = 16,
+                 config: EpisodeConfig | None = None, max_len: int = 2048) -> dict:
     """pass@1 (mean over passes) and best-of-K of a trained run's model on held-out tasks, `slots`
-    episodes at a time through one batched sampler (as the RL loop's held-out eval)."""
+    episodes at a time through one batched sampler (as the RL loop's held-out eval); `config`: the
+    harness settings (default episode_config()), `max_len`: the sampler's tokens per episode."""
     from c2jax.evals.benchmark import run_benchmark
     from c2jax.tasks import load_suite
     from c2jax.train.loop import load_run_config, load_run_params
@@ -208,10 +210,12 @@ def evaluate_run(run_dir: str, out_dir: str, *, suites=("synthetic:1",), n_tasks
     tokenizer = Tokenizer.load(run_dir)
     if params is None:
         params = load_run_params(run_dir, cfg)
-    factory, service = batched_policy_factory(cfg, params, temperature=temperature, seed=seed, slots=slots)
+    factory, service = batched_policy_factory(cfg, params, max_len=max_len, temperature=temperature, seed=seed,
+                                              slots=slots)
     tasks = {s: load_suite(s, "heldout", n=n_tasks, seed=seed) for s in suites}
     try:
-        return run_benchmark(tasks, factory, passes, tokenizer=tokenizer, sandbox=Sandbox(), config=episode_config(),
+        return run_benchmark(tasks, factory, passes, tokenizer=tokenizer, sandbox=Sandbox(),
+                             config=config or episode_config(),
                              out_dir=out_dir, active_params=None, concurrency=slots,
                              policy_name=os.path.basename(run_dir))
     finally:
@@ -326,10 +330,15 @@ def run_demo(workdir: str, overrides=(), mode: str = "default") -> int:
                "--config.rl.eval_every=-1", *overrides]
     _stage(4, f"RL (async, Dr. GRPO, router replay; {sizes.rl_steps} steps of {sizes.rl_config})")
     rl_dir, rl_shape = None, {"config": sizes.rl_config}
+    eval_config, eval_len = episode_config(), 2048
     t = time.time()
     try:
+        from c2jax.rl.config import context_window
         from c2jax.rl.loop import run_rl
+        from c2jax.rl.rollout import rl_episode_config
         rl_cfg = load_config(sizes.rl_config, rl_over)
+        # Both models are scored under the harness settings RL trains with (turns, token budgets).
+        eval_config, eval_len = rl_episode_config(rl_cfg.rl, keep_workspace=False), context_window(rl_cfg.rl) + 1
         rl_shape.update(prompts_per_step=rl_cfg.rl.prompts_per_step, group_size=rl_cfg.rl.group_size)
         rl_dir = os.path.join(workdir, "rl")
         run_rl(rl_cfg, rl_dir)
@@ -341,17 +350,18 @@ def run_demo(workdir: str, overrides=(), mode: str = "default") -> int:
     _stage(5, f"held-out evaluation (pass@1 and best-of-K; {n_tasks} tasks x {passes}, "
               f"temperature {TEMPERATURE})")
     t = time.time()
-    rows = [("CPT -> SFT", evaluate_run(sft_dir, os.path.join(workdir, "eval_sft"), n_tasks=n_tasks,
-                                        passes=passes, temperature=TEMPERATURE))]
+    evals = {"n_tasks": n_tasks, "passes": passes, "temperature": TEMPERATURE, "config": eval_config,
+             "max_len": eval_len}
+    rows = [("CPT -> SFT", evaluate_run(sft_dir, os.path.join(workdir, "eval_sft"), **evals))]
     if rl_dir:
-        rows.append(("CPT -> SFT -> RL", evaluate_run(rl_dir, os.path.join(workdir, "eval_rl"), n_tasks=n_tasks,
-                                                     passes=passes, temperature=TEMPERATURE)))
+        rows.append(("CPT -> SFT -> RL", evaluate_run(rl_dir, os.path.join(workdir, "eval_rl"), **evals)))
     timings["eval"] = time.time() - t
     timings["total"] = time.time() - t0
     print("\n" + stage_table(cpt, sft) + "\n\n" + eval_table(rows), flush=True)
     report = write_demo_report(workdir, {
         "mode": mode, "sizes": dataclasses.asdict(sizes), "rl_shape": rl_shape, "overrides": list(overrides), "commands": commands,
-        "wall_s": timings, "transcripts": built["transcripts"], "temperature": TEMPERATURE})
+        "wall_s": timings, "transcripts": built["transcripts"], "temperature": TEMPERATURE,
+        "eval_episode": {k: getattr(eval_config, k) for k in ("max_turns", "max_new_tokens", "max_total_tokens")}})
     print(f"\n{report['rl_summary_line']}", flush=True)
     print(f"\ndemo finished in {timings['total']:.0f} s; report: {os.path.join(workdir, 'report.md')} "
           f"(plots next to it); runs in {workdir}", flush=True)

@@ -61,7 +61,9 @@ def _synthetic_demo(tmp_path, rng, n_tasks=24, k=4):
             "overrides": [], "commands": {"cpt": "python -m c2jax pretrain", "sft": "python -m c2jax sft",
                                           "rl": "python -m c2jax rl"},
             "wall_s": {k: float(rng.uniform(1, 500)) for k in ("cpt", "transcripts", "sft", "rl", "eval", "total")},
-            "transcripts": {"tasks": 64, "kept": 60, "failed": 4, "too_long": 0}, "temperature": 0.7}
+            "transcripts": {"tasks": 64, "kept": 60, "failed": 4, "too_long": 0}, "temperature": 0.7,
+            "eval_episode": {"max_turns": int(rng.integers(2, 9)), "max_new_tokens": int(rng.integers(64, 300)),
+                             "max_total_tokens": int(rng.integers(500, 3000))}}
     return wd, info, before, after
 
 
@@ -109,6 +111,9 @@ def test_report_and_plots_from_synthetic_runs(tmp_path):
         assert f"({c['change'] / c['se']:+.1f} standard errors)" in md
     shape = info["rl_shape"]
     assert f"8 steps x {shape['prompts_per_step']} prompts x {shape['group_size']} attempts (configs/rl_tiny.py)" in md
+    ep = info["eval_episode"]
+    assert (f"temperature 0.7, at most {ep['max_turns']} turns of {ep['max_new_tokens']} tokens, "
+            f"{ep['max_total_tokens']} in all") in md
     for p in (*js["paths"]["checkpoints"].values(), *js["paths"]["tensorboard"].values()):
         assert f"`{p}`" in md
     assert "--full" in md and "configs/rl_tiny.py" in md

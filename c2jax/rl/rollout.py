@@ -294,19 +294,7 @@ class HarnessEnv:
 
     def episode_config(self):
         """The EpisodeConfig of every episode (with the summary hook when summaries are on)."""
-        from c2jax.agent.runner import EpisodeConfig
-        from c2jax.agent.summarize import SummaryConfig, summary_episode_config
-        r = self.rl
-        config = EpisodeConfig(max_turns=r.max_turns, max_total_tokens=r.max_total_tokens,
-                               max_new_tokens=r.max_new_tokens, list_tools_in_system=r.list_tools_in_system,
-                               keep_workspace=True, max_context_tokens=int(r.context_window) or None)
-        if r.system_prompt:
-            config.system_prompt = r.system_prompt
-        if r.summary_method != "none":
-            config = summary_episode_config(config, SummaryConfig(
-                method=r.summary_method, trigger_tokens=int(r.summary_trigger_tokens),
-                max_summaries=int(r.max_summaries), max_summary_tokens=int(r.max_summary_tokens)))
-        return config
+        return rl_episode_config(self.rl)
 
     def episode(self, task, service: SamplerService, key: str, seed: int, temperature: float, group_id: str = ""):
         from c2jax.agent.policy import SamplerPolicy
@@ -333,3 +321,21 @@ class HarnessEnv:
         if r.summary_method == "none":
             return traj, passed
         return chain_sequences(res.segments, total, chain_id=key, reward_terms=terms), passed
+
+
+def rl_episode_config(r, keep_workspace: bool = True):
+    """The harness settings of an RL episode from the `rl` config section (turns, token budgets,
+    system prompt, the summary hook when summaries are on); held-out evaluations of an RL run's
+    models use the same (keep_workspace=False: nothing is graded after the episode)."""
+    from c2jax.agent.runner import EpisodeConfig
+    from c2jax.agent.summarize import SummaryConfig, summary_episode_config
+    config = EpisodeConfig(max_turns=r.max_turns, max_total_tokens=r.max_total_tokens,
+                           max_new_tokens=r.max_new_tokens, list_tools_in_system=r.list_tools_in_system,
+                           keep_workspace=keep_workspace, max_context_tokens=int(r.context_window) or None)
+    if r.system_prompt:
+        config.system_prompt = r.system_prompt
+    if r.summary_method != "none":
+        config = summary_episode_config(config, SummaryConfig(
+            method=r.summary_method, trigger_tokens=int(r.summary_trigger_tokens),
+            max_summaries=int(r.max_summaries), max_summary_tokens=int(r.max_summary_tokens)))
+    return config
