@@ -244,7 +244,7 @@ class DemoSizes:
 # "default" keeps the 600 SFT steps the model needs to learn the task and cuts RL to 8 steps of 8
 # prompts (about 14 minutes on 2 idle cores, setup included). "full" runs the RL recipe that
 # measurably lifts this SFT model (configs/rl_tiny.py:learning, 24 prompts x 8 for 44 steps,
-# experiments/results/rl_harness) and evaluates on 128 held-out tasks x 4: 105 minutes, 2026-12-07.
+# experiments/results/rl_harness) and evaluates on 128 held-out tasks x 4: 3994 s, 2026-12-07.
 DEMO_SIZES = {
     "quick": DemoSizes(transcripts=512, sft_steps=120, rl_steps=2, eval_tasks=8, eval_passes=2),
     "default": DemoSizes(transcripts=4096, sft_steps=600, rl_steps=8, eval_tasks=32, eval_passes=4),
