@@ -207,7 +207,7 @@ def render_markdown(rep: dict) -> str:
     if rep.get("mode") != "full":
         out.append(f"- the longer setting: `python -m c2jax demo --full --workdir {rep['workdir']}_full` (the RL "
                    "recipe of configs/rl_tiny.py:learning, 24 prompts x 8 for 44 steps, and 128 held-out tasks x 4; "
-                   "about 105 minutes on 2 CPU cores)")
+                   "about 67 minutes on 2 CPU cores)")
     out += ["- the learning goal's command from this SFT model: `python experiments/rl_learning.py --sft "
             f"{os.path.join(rep['workdir'], 'sft')} --workdir runs/rl_learning` (RL, then pass@1 before and after on "
             "128 held-out tasks x 4, into experiments/results/rl_harness/learning.json)",
