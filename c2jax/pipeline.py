@@ -198,10 +198,10 @@ def batched_policy_factory(cfg, params, *, max_len: int = 2048, temperature: flo
 
 def evaluate_run(run_dir: str, out_dir: str, *, suites=("synthetic:1",), n_tasks: int = 16, passes: int = 4,
                  temperature: float = 1.0, seed: int = 0, params=None, cfg=None, slots: int = 16,
-                 config: EpisodeConfig | None = None, max_len: int = 2048) -> dict:
+                 config: EpisodeConfig | None = None) -> dict:
     """pass@1 (mean over passes) and best-of-K of a trained run's model on held-out tasks, `slots`
     episodes at a time through one batched sampler (as the RL loop's held-out eval); `config`: the
-    harness settings (default episode_config()), `max_len`: the sampler's tokens per episode."""
+    harness settings (default episode_config()), whose context budget sizes the sampler."""
     from c2jax.evals.benchmark import run_benchmark
     from c2jax.tasks import load_suite
     from c2jax.train.loop import load_run_config, load_run_params
@@ -210,12 +210,13 @@ def evaluate_run(run_dir: str, out_dir: str, *, suites=("synthetic:1",), n_tasks
     tokenizer = Tokenizer.load(run_dir)
     if params is None:
         params = load_run_params(run_dir, cfg)
+    config = config or episode_config()
+    max_len = (config.max_context_tokens or config.max_total_tokens) + 1   # as the RL env's sampler
     factory, service = batched_policy_factory(cfg, params, max_len=max_len, temperature=temperature, seed=seed,
                                               slots=slots)
     tasks = {s: load_suite(s, "heldout", n=n_tasks, seed=seed) for s in suites}
     try:
-        return run_benchmark(tasks, factory, passes, tokenizer=tokenizer, sandbox=Sandbox(),
-                             config=config or episode_config(),
+        return run_benchmark(tasks, factory, passes, tokenizer=tokenizer, sandbox=Sandbox(), config=config,
                              out_dir=out_dir, active_params=None, concurrency=slots,
                              policy_name=os.path.basename(run_dir))
     finally:
@@ -330,15 +331,14 @@ def run_demo(workdir: str, overrides=(), mode: str = "default") -> int:
                "--config.rl.eval_every=-1", *overrides]
     _stage(4, f"RL (async, Dr. GRPO, router replay; {sizes.rl_steps} steps of {sizes.rl_config})")
     rl_dir, rl_shape = None, {"config": sizes.rl_config}
-    eval_config, eval_len = episode_config(), 2048
+    eval_config = episode_config()
     t = time.time()
     try:
-        from c2jax.rl.config import context_window
         from c2jax.rl.loop import run_rl
         from c2jax.rl.rollout import rl_episode_config
         rl_cfg = load_config(sizes.rl_config, rl_over)
         # Both models are scored under the harness settings RL trains with (turns, token budgets).
-        eval_config, eval_len = rl_episode_config(rl_cfg.rl, keep_workspace=False), context_window(rl_cfg.rl) + 1
+        eval_config = rl_episode_config(rl_cfg.rl, keep_workspace=False)
         rl_shape.update(prompts_per_step=rl_cfg.rl.prompts_per_step, group_size=rl_cfg.rl.group_size)
         rl_dir = os.path.join(workdir, "rl")
         run_rl(rl_cfg, rl_dir)
@@ -350,8 +350,7 @@ def run_demo(workdir: str, overrides=(), mode: str = "default") -> int:
     _stage(5, f"held-out evaluation (pass@1 and best-of-K; {n_tasks} tasks x {passes}, "
               f"temperature {TEMPERATURE})")
     t = time.time()
-    evals = {"n_tasks": n_tasks, "passes": passes, "temperature": TEMPERATURE, "config": eval_config,
-             "max_len": eval_len}
+    evals = {"n_tasks": n_tasks, "passes": passes, "temperature": TEMPERATURE, "config": eval_config}
     rows = [("CPT -> SFT", evaluate_run(sft_dir, os.path.join(workdir, "eval_sft"), **evals))]
     if rl_dir:
         rows.append(("CPT -> SFT -> RL", evaluate_run(rl_dir, os.path.join(workdir, "eval_rl"), **evals)))

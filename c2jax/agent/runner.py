@@ -431,17 +431,20 @@ def run_episodes(tasks: list, policy_factory: Callable[[Any], Policy], tokenizer
     codec = cf.as_codec(tokenizer)
     results: list[EpisodeResult | None] = [None] * len(tasks)
 
-    def one(i: int):
-        r = run_episode(tasks[i], policy_factory(tasks[i]), codec, sandbox, config)
+    def one(i: int, policy):
+        r = run_episode(tasks[i], policy, codec, sandbox, config)
         results[i] = r
         if on_result is not None:
             on_result(i, r)
 
+    # Policies are made here, in task order, whatever the thread count: a factory that numbers the
+    # attempts of a task (c2jax.pipeline.batched_policy_factory) gives each job the same number on
+    # every run.
     if concurrency <= 1:
         for i in range(len(tasks)):
-            one(i)
+            one(i, policy_factory(tasks[i]))
     else:
         with concurrent.futures.ThreadPoolExecutor(concurrency, thread_name_prefix="c2jax-episode") as ex:
-            for f in [ex.submit(one, i) for i in range(len(tasks))]:
+            for f in [ex.submit(one, i, policy_factory(tasks[i])) for i in range(len(tasks))]:
                 f.result()
     return results  # type: ignore[return-value]
