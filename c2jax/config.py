@@ -93,7 +93,8 @@ REMAT_POLICIES = ("none", "full", "save_qkv_proj", "save_attention", "save_matmu
                   "save_dots")
 
 # The ops the model calls through c2jax.ops, each chosen by model.kernels.<op>.
-KERNEL_OPS = ("attention", "decode_attention", "mla_cache_attention", "experts", "matmul", "norm", "token_nll")
+KERNEL_OPS = ("attention", "decode_attention", "mla_cache_attention", "experts", "matmul", "norm", "token_nll",
+              "head_grad")
 
 
 def kernels_defaults() -> ml_collections.ConfigDict:

@@ -8,7 +8,10 @@ Each implementation is a `NllPasses` (the registry's `fn`):
       = scale * ((g_nll + g_lse) softmax(logits) - g_nll onehot(target)), the gradient of
       logits = scale * x through (nll, lse).
 
-Letters: T tokens (any leading axes for xla), V vocab.
+The head's backward also chooses the precision its two products read that gradient in
+(`model.kernels.head_grad`, HEAD_GRAD below): cast to the compute dtype, or kept in float32.
+
+Letters: T tokens (any leading axes for xla), D model width, V vocab.
 """
 from __future__ import annotations
 
@@ -68,7 +71,39 @@ TOKEN_NLL.register("cpu_ffi", _cpu_ffi_ok, doc="c2jax/backends/cpu/cpu_loss.cc: 
     NllPasses(_cpu_forward, _cpu_backward))
 
 
+# The output head's backward: the operands of dh = d @ W^T and dW = h^T @ d, given the float32
+# logits gradient d_TV, the hidden states h_TD and the head weight W in the compute dtype.
+HEAD_GRAD = define_op("head_grad", {"tpu": ("float32",), "*": ("compute_dtype",)})
+
+
+def compute_dtype_operands(d_TV, h_TD, w):
+    """d cast to the compute dtype: the products run in it (a narrow copy of d beside the float32
+    logits, which d cannot overwrite)."""
+    return d_TV.astype(h_TD.dtype), h_TD, w
+
+
+def float32_operands(d_TV, h_TD, w):
+    """d kept in float32, h and W widened: d can overwrite the float32 logits it is computed from,
+    and no narrow copy of the [T, V] gradient is made. On TPU the DEFAULT precision multiplies
+    float32 operands in one bf16 pass, so the products cost what the compute-dtype ones do; on GPU
+    they would run as TF32 (about half bf16's rate)."""
+    f32 = jnp.float32
+    return d_TV, h_TD.astype(f32), w.astype(f32)
+
+
+HEAD_GRAD.register("compute_dtype", doc="the gradient cast to the compute dtype before the two products")(
+    compute_dtype_operands)
+HEAD_GRAD.register("float32", doc="the gradient kept in float32 over the logits' buffer; float32 products "
+                   "(one bf16 pass on TPU)")(float32_operands)
+
+
 def select(kernels, T: int, V: int) -> Impl:
     """The implementation (its fn an NllPasses) for [T, V] logits on the traced target, as the
     model config's `kernels` section (None: "auto") chooses; the choice is recorded."""
     return TOKEN_NLL.select(kernels_choice(kernels, "token_nll"), current_target(), T=T, V=V)
+
+
+def select_head_grad(kernels) -> Impl:
+    """The head backward's operand precision (its fn: (d_TV, h_TD, w) -> operands) for the traced
+    target, as `kernels.head_grad` chooses; the choice is recorded."""
+    return HEAD_GRAD.select(kernels_choice(kernels, "head_grad"), current_target())

@@ -6,7 +6,8 @@ transposed for the weight gradient (a strided copy as slow as the head's matmuls
 bench shape); here dW = h^T @ dlogits reads dlogits in place. Same values and gradients as
 `token_nll(scale * h @ W)` (tests/train/test_head_loss.py). The NLL passes between the matmuls are
 the token_nll op's (c2jax.ops.token_nll: XLA, or cpu_loss.cc's FFI calls on CPU), chosen by
-`model.kernels.token_nll`.
+`model.kernels.token_nll`; the precision of the gradient the backward's two products read by
+`model.kernels.head_grad` (c2jax.ops.token_nll.HEAD_GRAD).
 
 Letters: T tokens, D model width, V vocab.
 """
@@ -26,7 +27,8 @@ def head_token_nll(h_TD, w, targets_T, *, scale: float = 1.0, tied: bool = False
     the model config's `kernels` section (its token_nll choice; None = "auto")."""
     V = w.shape[0] if tied else w.shape[1]
     impl = token_nll_op.select(kernels, T=h_TD.shape[0], V=V)
-    return _head_nll(h_TD, w.astype(h_TD.dtype), targets_T, float(scale), bool(tied), impl.name)
+    grad = token_nll_op.select_head_grad(kernels)
+    return _head_nll(h_TD, w.astype(h_TD.dtype), targets_T, float(scale), bool(tied), impl.name, grad.name)
 
 
 def _logits(h_TD, w, scale, tied):
@@ -39,30 +41,30 @@ def _passes(impl: str) -> token_nll_op.NllPasses:
     return token_nll_op.TOKEN_NLL.impls[impl].fn
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
-def _head_nll(h_TD, w, targets_T, scale, tied, impl):
-    return _head_nll_fwd(h_TD, w, targets_T, scale, tied, impl)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
+def _head_nll(h_TD, w, targets_T, scale, tied, impl, grad):
+    return _head_nll_fwd(h_TD, w, targets_T, scale, tied, impl, grad)[0]
 
 
-def _head_nll_fwd(h_TD, w, targets_T, scale, tied, impl):
+def _head_nll_fwd(h_TD, w, targets_T, scale, tied, impl, grad):
     logits_TV = _logits(h_TD, w, scale, tied)
     nll_T, lse_T = _passes(impl).forward(logits_TV, targets_T)
     return (nll_T, lse_T), (h_TD, w, targets_T, logits_TV, lse_T)
 
 
-def _head_nll_bwd(scale, tied, impl, res, cts):
+def _head_nll_bwd(scale, tied, impl, grad, res, cts):
     h_TD, w, targets_T, logits_TV, lse_T = res
     g_nll, g_lse = cts
     d_TV = _passes(impl).backward(logits_TV, lse_T, targets_T, g_nll.astype(jnp.float32),
                                   g_lse.astype(jnp.float32), scale)
-    d_TV = d_TV.astype(h_TD.dtype)
+    d_op, h_op, w_op = token_nll_op.HEAD_GRAD.impls[grad].fn(d_TV, h_TD, w)
     f32 = jnp.float32
     if tied:   # W = w.T: dh = d @ w, dw = d.T @ h
-        dh = jax.lax.dot_general(d_TV, w, (((1,), (0,)), ((), ())), preferred_element_type=f32)
-        dw = jax.lax.dot_general(d_TV, h_TD, (((0,), (0,)), ((), ())), preferred_element_type=f32)
+        dh = jax.lax.dot_general(d_op, w_op, (((1,), (0,)), ((), ())), preferred_element_type=f32)
+        dw = jax.lax.dot_general(d_op, h_op, (((0,), (0,)), ((), ())), preferred_element_type=f32)
     else:      # dh = d @ w.T, dw = h.T @ d
-        dh = jax.lax.dot_general(d_TV, w, (((1,), (1,)), ((), ())), preferred_element_type=f32)
-        dw = jax.lax.dot_general(h_TD, d_TV, (((0,), (0,)), ((), ())), preferred_element_type=f32)
+        dh = jax.lax.dot_general(d_op, w_op, (((1,), (1,)), ((), ())), preferred_element_type=f32)
+        dw = jax.lax.dot_general(h_op, d_op, (((0,), (0,)), ((), ())), preferred_element_type=f32)
     return dh.astype(h_TD.dtype), dw.astype(w.dtype), None
 
 

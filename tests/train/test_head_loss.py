@@ -10,7 +10,7 @@ import c2jax
 from c2jax.backends.cpu import kernels as cpu_kernels
 from c2jax.config import load_config
 from c2jax.ops import KernelUnavailable, Target, record_choices
-from c2jax.ops.token_nll import TOKEN_NLL
+from c2jax.ops.token_nll import HEAD_GRAD, TOKEN_NLL
 from c2jax.train.head_loss import head_token_nll
 from c2jax.train.step import forward_nll, loss_terms, token_nll
 
@@ -116,6 +116,34 @@ def test_fused_head_bf16_is_close_to_float32():
     np.testing.assert_allclose(nll16, nll32, atol=0.05)
     dh = jax.grad(lambda h: jnp.sum(head_token_nll(h, w, t)[0]))(h.astype(jnp.bfloat16))
     assert dh.dtype == jnp.bfloat16
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_head_grad_choices_match_float64_in_bf16(tied):
+    """model.kernels.head_grad: the backward's products in the compute dtype (bf16 here) or in
+    float32 both match float64 numpy within bf16's rounding; float32 rounds only h and W, so it is
+    at least as close. The choice is recorded; auto takes float32 on TPU and the compute dtype
+    elsewhere."""
+    h, w, t, g = _inputs(T=48, D=32, V=80, seed=5 + int(tied), tied=tied)
+    hb, wb = h.astype(jnp.bfloat16), w.astype(jnp.bfloat16)
+    # the reference sees the bf16-rounded inputs, so only the backward's own rounding differs
+    ref = _reference_f64(hb.astype(jnp.float32), wb.astype(jnp.float32), t, g, 1.0, tied, 0.0)
+    errs = {}
+    for choice in ("compute_dtype", "float32"):
+        def loss(h, w):
+            nll, _ = head_token_nll(h, w, t, tied=tied, kernels={"token_nll": "xla", "head_grad": choice})
+            return jnp.sum(nll * g)
+        with record_choices() as rec:
+            dh, dw = jax.jit(jax.grad(loss, argnums=(0, 1)))(hb, wb)
+        assert rec["head_grad"] == {choice: 1}, rec
+        assert dh.dtype == jnp.bfloat16 and dw.dtype == jnp.bfloat16
+        for got, want in ((dh, ref[2]), (dw, ref[3])):
+            np.testing.assert_allclose(np.asarray(got, np.float32), want, rtol=0.03, atol=0.03)
+        errs[choice] = max(float(np.max(np.abs(np.asarray(x, np.float64) - r))) for x, r in ((dh, ref[2]), (dw, ref[3])))
+    assert errs["float32"] <= errs["compute_dtype"] * 1.01, errs
+    assert HEAD_GRAD.select("auto", Target("tpu")).name == "float32"
+    assert HEAD_GRAD.select("auto", Target("gpu")).name == "compute_dtype"
+    assert HEAD_GRAD.select("auto", Target("cpu")).name == "compute_dtype"
 
 
 @pytest.mark.parametrize("name,extra", [("tiny.py", ()), ("tiny.py:mla", ()),
