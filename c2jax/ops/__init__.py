@@ -1,7 +1,7 @@
 """c2jax.ops: one layer decides how each op the model uses is computed.
 
 Per op (attention, decode_attention, mla_cache_attention, experts, matmul, norm, token_nll,
-optimizer, embed, and the attention layers' paths gqa_attention / mla_attention) a registry of
+head_grad, optimizer, embed, and the attention layers' paths gqa_attention / mla_attention) a registry of
 named implementations with `supported(target, **spec) -> reason | None`; the config picks
 (`model.kernels.<op>`, `train.optimizer`): "auto" = the op's table for the target platform, a
 name = that implementation or an error with its reason. The target comes from the active mesh's

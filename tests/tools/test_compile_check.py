@@ -76,3 +76,34 @@ def test_chunked_head_cuts_the_train_steps_temp_memory():
         cfg.pod.compile_decode = False
         temp[chunks] = compile_check.main(cfg)["train"]["temp_gib"]
     assert temp[4] < 0.7 * temp[1], temp
+
+
+
+def test_head_gradient_stays_float32_in_the_tpu_program():
+    """bf16 compute: the TPU train step (auto: head_grad float32) holds no bf16 [tokens, V] array,
+    the logits gradient stays in the float32 logits' shape; pinned to compute_dtype it casts the
+    gradient to a bf16 [tokens, V] copy. (Which one has the smaller peak depends on the program;
+    at Qwen3-30B-A3B FSDP 64 it is float32's: experiments/results/tpu_aot.)"""
+    import re
+
+    from c2jax.ops.registry import record_choices
+    from c2jax.parallel.mesh import make_mesh
+    seen = {}
+    for choice in ("auto", "compute_dtype"):
+        cfg = load_config_file(TINY + ":gqa")
+        cfg.model.vocab_size = 32768
+        cfg.model.kernels.head_grad = choice
+        assert cfg.model.dtype == "bfloat16"
+        mesh = make_mesh(cfg, compile_check.topology_devices(cfg.pod.topology))
+        with record_choices() as rec:
+            lowered = compile_check.compile_train_step(cfg, mesh, compile_check.abstract_train_state(cfg, mesh))
+        compiled, oom = compile_check._compile(lowered)
+        assert compiled is not None, oom
+        shapes = set(re.findall(r"\b(bf16|f32)\[(\d+),32768\]", compiled.as_text()))
+        seen[choice] = (rec["head_grad"], shapes)
+    (auto_rec, auto_shapes), (cast_rec, cast_shapes) = seen["auto"], seen["compute_dtype"]
+    assert auto_rec == {"float32": 1} and cast_rec == {"compute_dtype": 1}
+    # the float32 logits' rows per chip: the largest [n, V] (the others are head-weight shards)
+    tokens = str(max(int(n) for dt, n in cast_shapes if dt == "f32"))
+    assert int(tokens) > cfg.model.hidden_size and ("bf16", tokens) in cast_shapes, cast_shapes
+    assert ("f32", tokens) in auto_shapes and ("bf16", tokens) not in auto_shapes, auto_shapes
