@@ -211,7 +211,7 @@ def evaluate_run(run_dir: str, out_dir: str, *, suites=("synthetic:1",), n_tasks
     if params is None:
         params = load_run_params(run_dir, cfg)
     config = config or episode_config()
-    max_len = (config.max_context_tokens or config.max_total_tokens) + 1   # as the RL env's sampler
+    max_len = config.context_tokens + 1   # the sampler holds one generation's whole context
     factory, service = batched_policy_factory(cfg, params, max_len=max_len, temperature=temperature, seed=seed,
                                               slots=slots)
     tasks = {s: load_suite(s, "heldout", n=n_tasks, seed=seed) for s in suites}

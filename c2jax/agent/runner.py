@@ -76,6 +76,11 @@ class EpisodeConfig:
         if self.max_context_tokens is not None and self.max_context_tokens <= 0:
             raise ValueError(f"EpisodeConfig.max_context_tokens must be > 0 or None, got {self.max_context_tokens}")
 
+    @property
+    def context_tokens(self) -> int:
+        """Tokens one generation's context may hold: the segment window, else the episode budget."""
+        return int(self.max_context_tokens or self.max_total_tokens)
+
 
 @dataclasses.dataclass
 class EpisodeGrade:

@@ -73,6 +73,8 @@ def report(prefix: str, min_mib: float) -> str:
         if total > peak:
             peak, at_peak = total, t
     big = [v for v in live if v[1] >= min_mib * MiB]
+    if not big:
+        raise SystemExit(f"{prefix}: no live temp buffer of at least {min_mib:g} MiB; lower --min-mib")
     top = max(big, key=lambda v: v[1] + v[2])
     t = top[4][0]
     name = os.path.basename(prefix)

@@ -78,7 +78,6 @@ def test_chunked_head_cuts_the_train_steps_temp_memory():
     assert temp[4] < 0.7 * temp[1], temp
 
 
-
 def test_head_gradient_stays_float32_in_the_tpu_program():
     """bf16 compute: the TPU train step (auto: head_grad float32) holds no bf16 [tokens, V] array,
     the logits gradient stays in the float32 logits' shape; pinned to compute_dtype it casts the
